@@ -1,0 +1,46 @@
+# yirangmq — build, test, demo, bench, lint. `make test` is what CI runs.
+GO      ?= go
+BIN     := bin/yirangmq
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+TOOLS   := $(CURDIR)/bin/tools
+FUZZTIME ?= 10s
+export CGO_ENABLED := 1
+
+.PHONY: all build test test-race fuzz demo bench lint clean
+
+all: build
+
+build:
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/yirangmq
+
+# Every test, with the race detector and in shuffled order, then each fuzz
+# target for a short time.
+test: build
+	$(GO) vet ./...
+	$(GO) test -race -shuffle=on -timeout 30m ./...
+	$(MAKE) fuzz
+
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzParsePolicy$$' -fuzztime $(FUZZTIME) ./queuecore
+	$(GO) test -run '^$$' -fuzz '^FuzzParseEnvelope$$' -fuzztime $(FUZZTIME) ./queuecore
+	$(GO) test -run '^$$' -fuzz '^FuzzCheckBody$$' -fuzztime $(FUZZTIME) ./queuecore
+
+# The main job on the embedded default store (SQLite).
+demo: build
+	./$(BIN) demo --store var/demo
+
+# Benchmarks of the queue core on both stores, against a goqite-style
+# baseline, in one run. BENCHTIME=2s for steadier figures.
+BENCHTIME ?= 1s
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) -timeout 60m ./queuecore/ ./backends/...
+
+$(TOOLS)/staticcheck:
+	GOBIN=$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
+lint: $(TOOLS)/staticcheck
+	$(GO) vet ./...
+	$(TOOLS)/staticcheck ./...
+
+clean:
+	rm -rf bin var

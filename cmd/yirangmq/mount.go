@@ -1,0 +1,250 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
+
+	"yirangmq/fusefs"
+	"yirangmq/queuecore"
+)
+
+// readyFDEnv names the descriptor on which a mounting daemon writes
+// "ready\n" once the mount serves; --daemon and the test harness use it.
+const readyFDEnv = "YIRANGMQ_READY_FD"
+
+type mountFlags struct {
+	backend, store, sync, logFormat string
+	options                         []string
+	daemon, debug                   bool
+	entryTimeout                    time.Duration
+}
+
+func runMount(ctx context.Context, env *cliEnv, args []string) error {
+	fl := pflag.NewFlagSet("mount", pflag.ContinueOnError)
+	fl.Usage = func() {
+		fmt.Fprintln(fl.Output(), "Usage: yirangmq mount [OPTIONS] MOUNTPOINT\n\nMounts a store as a filesystem of queues; stays in the foreground until\nSIGTERM or SIGINT, which unmount cleanly (or returns once ready with --daemon).\n\nOptions:")
+		fl.PrintDefaults()
+	}
+	var f mountFlags
+	fl.StringVar(&f.backend, "backend", "sqlite", "store backend: sqlite or fs")
+	fl.StringVar(&f.store, "store", defaultStore(), "store directory (created on first use)")
+	fl.StringVar(&f.sync, "sync", "full", "durability: full (on disk at close), normal (survives a daemon crash) or off")
+	fl.StringSliceVarP(&f.options, "options", "o", nil, "mount options: allow_other, backend=, sync=, store= (others of mount(8) are accepted and ignored)")
+	fl.BoolVar(&f.daemon, "daemon", false, "return once the mount is ready, leaving the daemon in the background")
+	fl.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
+	fl.BoolVar(&f.debug, "debug", false, "log every FUSE request")
+	fl.DurationVar(&f.entryTimeout, "cache-timeout", time.Second, "how long the kernel may cache names and attributes")
+	if ok, err := parseFlags(env, fl, args); !ok {
+		return err
+	}
+	if fl.NArg() != 1 {
+		fmt.Fprintln(env.stderr, "yirangmq mount: exactly one MOUNTPOINT is needed (see yirangmq mount --help)")
+		return errUsage
+	}
+	mountpoint, err := filepath.Abs(fl.Arg(0))
+	if err != nil {
+		return err
+	}
+	allowOther := false
+	for _, o := range f.options {
+		k, v, _ := strings.Cut(strings.TrimSpace(o), "=")
+		switch k {
+		case "allow_other":
+			allowOther = true
+		case "backend":
+			f.backend = v
+		case "sync":
+			f.sync = v
+		case "store":
+			f.store = v
+		case "", "rw", "defaults", "nofail", "auto", "noauto", "user", "users", "_netdev", "nodev", "nosuid", "noexec", "dev", "suid", "exec", "default_permissions":
+		default:
+			if !strings.HasPrefix(k, "x-") && !strings.HasPrefix(k, "comment") {
+				return fmt.Errorf("unknown mount option %q", o)
+			}
+		}
+	}
+	sync, err := queuecore.ParseSyncMode(f.sync)
+	if err != nil {
+		return err
+	}
+	if f.daemon {
+		return startDaemon(ctx, env, args)
+	}
+	log, err := newLogger(f.logFormat, f.debug)
+	if err != nil {
+		return err
+	}
+	detachDeadMount(mountpoint, log)
+
+	store, err := openStore(ctx, f.backend, f.store, sync, "mount "+mountpoint, log)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	opts := fusefs.DefaultOptions()
+	opts.AllowOther, opts.Debug, opts.Logger = allowOther, f.debug, log
+	opts.EntryTimeout, opts.AttrTimeout = f.entryTimeout, f.entryTimeout
+	opts.FsName = f.store
+	fsys := fusefs.New(opts)
+	core, err := queuecore.Open(ctx, store, queuecore.Options{
+		Notifier: fsys, Logger: log, Backend: f.backend, StorePath: f.store, Version: version,
+	})
+	if err != nil {
+		return err
+	}
+	defer core.Close()
+	server, err := fsys.Mount(core, mountpoint)
+	if err != nil {
+		return err
+	}
+	defer fsys.Stop()
+	log.Info("mounted", "mountpoint", mountpoint, "backend", f.backend, "store", f.store, "sync", f.sync, "allow_other", allowOther, "pid", os.Getpid())
+	signalReady()
+
+	served := make(chan struct{})
+	go func() {
+		server.Wait()
+		close(served)
+	}()
+	select {
+	case <-ctx.Done():
+		log.Info("unmounting", "mountpoint", mountpoint)
+		if err := server.Unmount(); err != nil {
+			log.Warn("unmount failed, detaching lazily", "mountpoint", mountpoint, "err", err)
+			_ = unix.Unmount(mountpoint, unix.MNT_DETACH)
+		}
+		<-served
+	case <-served:
+		log.Info("unmounted from outside", "mountpoint", mountpoint)
+	}
+	log.Info("stopped", "mountpoint", mountpoint)
+	return nil
+}
+
+// signalReady tells whoever started us (--daemon's parent, the test
+// harness) that the mount serves.
+func signalReady() {
+	fdStr := os.Getenv(readyFDEnv)
+	if fdStr == "" {
+		return
+	}
+	fd, err := strconv.Atoi(fdStr)
+	if err != nil {
+		return
+	}
+	f := os.NewFile(uintptr(fd), "ready")
+	f.Write([]byte("ready\n"))
+	f.Close()
+	os.Unsetenv(readyFDEnv)
+}
+
+// startDaemon runs the same mount in a background child and returns once
+// it says ready, or with its error output if it stops first.
+func startDaemon(ctx context.Context, env *cliEnv, args []string) error {
+	var childArgs []string
+	for _, a := range args {
+		if a != "--daemon" {
+			childArgs = append(childArgs, a)
+		}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	cmd := exec.Command(self, append([]string{"mount"}, childArgs...)...)
+	cmd.Env = append(os.Environ(), readyFDEnv+"=3")
+	cmd.ExtraFiles = []*os.File{w}
+	cmd.Stdout = nil
+	cmd.Stderr = env.stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		w.Close()
+		return err
+	}
+	w.Close()
+	got := make(chan bool, 1)
+	go func() {
+		buf := make([]byte, 6)
+		n, _ := r.Read(buf)
+		got <- n > 0
+	}()
+	select {
+	case ok := <-got:
+		if !ok {
+			cmd.Wait()
+			return errors.New("the daemon stopped before the mount was ready (see its messages above)")
+		}
+		fmt.Fprintf(env.stdout, "yirangmq: mounted, daemon pid %d\n", cmd.Process.Pid)
+		_ = cmd.Process.Release()
+		return nil
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		return errors.New("the daemon was not ready after 30 s")
+	}
+}
+
+// detachDeadMount lazily unmounts a mountpoint left behind by a crashed
+// daemon ("Transport endpoint is not connected").
+func detachDeadMount(mountpoint string, log interface{ Warn(string, ...any) }) {
+	var st unix.Stat_t
+	if err := unix.Stat(mountpoint, &st); errors.Is(err, unix.ENOTCONN) {
+		err := unix.Unmount(mountpoint, unix.MNT_DETACH)
+		log.Warn("detached a dead mount left by a crashed daemon", "mountpoint", mountpoint, "err", err)
+	}
+}
+
+func runUmount(ctx context.Context, env *cliEnv, args []string) error {
+	fl := pflag.NewFlagSet("umount", pflag.ContinueOnError)
+	fl.Usage = func() {
+		fmt.Fprintln(fl.Output(), "Usage: yirangmq umount [OPTIONS] MOUNTPOINT\n\nUnmounts a yirangmq mount; the daemon then stops by itself.\n\nOptions:")
+		fl.PrintDefaults()
+	}
+	lazy := fl.BoolP("lazy", "l", false, "detach now even if busy (the daemon stops when the last user leaves)")
+	if ok, err := parseFlags(env, fl, args); !ok {
+		return err
+	}
+	if fl.NArg() != 1 {
+		fmt.Fprintln(env.stderr, "yirangmq umount: exactly one MOUNTPOINT is needed")
+		return errUsage
+	}
+	mp := fl.Arg(0)
+	flags := 0
+	if *lazy {
+		flags = unix.MNT_DETACH
+	}
+	err := unix.Unmount(mp, flags)
+	if errors.Is(err, unix.EPERM) {
+		// Not root: fusermount3 can unmount what this user mounted.
+		if out, ferr := exec.Command("fusermount3", "-u", mp).CombinedOutput(); ferr == nil {
+			return nil
+		} else {
+			return fmt.Errorf("unmount %s: %s", mp, strings.TrimSpace(string(out)))
+		}
+	}
+	switch {
+	case errors.Is(err, unix.EBUSY):
+		return fmt.Errorf("unmount %s: busy: a process has a file open or its working directory there (try fuser -m %s, or --lazy)", mp, mp)
+	case errors.Is(err, unix.EINVAL):
+		return fmt.Errorf("unmount %s: not a mountpoint", mp)
+	case err != nil:
+		return fmt.Errorf("unmount %s: %w", mp, err)
+	}
+	return nil
+}

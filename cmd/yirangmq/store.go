@@ -1,0 +1,58 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"yirangmq/backends"
+	"yirangmq/backends/fs"
+	"yirangmq/backends/sqlite"
+	"yirangmq/queuecore"
+)
+
+// defaultStore is where a store lives when --store is not given: the
+// system's state directory for root, the user's data directory otherwise.
+func defaultStore() string {
+	if os.Getuid() == 0 {
+		return "/var/lib/yirangmq"
+	}
+	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
+		return filepath.Join(d, "yirangmq")
+	}
+	if h, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(h, ".local", "share", "yirangmq")
+	}
+	return "yirangmq-store"
+}
+
+// openStore opens the store of a backend; this is the one place where the
+// command line meets the backends.
+func openStore(ctx context.Context, backend, dir string, sync queuecore.SyncMode, holder string, log *slog.Logger) (queuecore.Store, error) {
+	opts := backends.Options{Sync: sync, Holder: holder, Logger: log}
+	switch backend {
+	case "sqlite":
+		return sqlite.Open(ctx, dir, opts)
+	case "fs":
+		return fs.Open(ctx, dir, opts)
+	}
+	return nil, fmt.Errorf("unknown backend %q: use sqlite or fs", backend)
+}
+
+// newLogger makes the daemon's logger: text (default) or json on stderr.
+func newLogger(format string, debug bool) (*slog.Logger, error) {
+	level := slog.LevelInfo
+	if debug {
+		level = slog.LevelDebug
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format must be text or json, not %q", format)
+}

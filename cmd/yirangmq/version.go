@@ -1,0 +1,39 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+
+	"github.com/spf13/pflag"
+)
+
+// errUsage means the flags were wrong; pflag has already said why.
+var errUsage = errors.New("usage")
+
+// parseFlags parses args with fs, printing help on -h/--help; it returns
+// errUsage for bad flags and for --help (after printing it), and reports
+// whether the command should go on.
+func parseFlags(env *cliEnv, fs *pflag.FlagSet, args []string) (bool, error) {
+	fs.SetOutput(env.stderr)
+	help := fs.BoolP("help", "h", false, "show this help")
+	if err := fs.Parse(args); err != nil {
+		return false, errUsage
+	}
+	if *help {
+		fs.SetOutput(env.stdout)
+		fs.Usage()
+		return false, nil
+	}
+	return true, nil
+}
+
+func runVersion(ctx context.Context, env *cliEnv, args []string) error {
+	fs := pflag.NewFlagSet("version", pflag.ContinueOnError)
+	if ok, err := parseFlags(env, fs, args); !ok {
+		return err
+	}
+	fmt.Fprintf(env.stdout, "yirangmq %s (%s, %s/%s)\n", version, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	return nil
+}

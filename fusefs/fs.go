@@ -1,0 +1,318 @@
+package fusefs
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"yirangmq/queuecore"
+)
+
+// Options configure a mount.
+type Options struct {
+	// AllowOther lets other users use the mount; the kernel then checks
+	// permissions (default_permissions).
+	AllowOther bool
+	// EntryTimeout and AttrTimeout are how long the kernel may cache
+	// names and attributes. Every change the daemon makes by itself is
+	// invalidated explicitly, so caching is safe; see docs/fusefs.md for
+	// the measurement behind the default.
+	EntryTimeout, AttrTimeout time.Duration
+	// MaxNextReaders caps the .next reads blocked at once; past it a read
+	// fails with EBUSY.
+	MaxNextReaders int
+	// DraftTTL is how long an uncommitted draft (.name in inbox/) is kept.
+	DraftTTL time.Duration
+	FsName   string // shown as the source in /proc/mounts
+	Logger   *slog.Logger
+	Debug    bool
+}
+
+// DefaultOptions are the options of `yirangmq mount` without flags.
+func DefaultOptions() Options {
+	return Options{
+		EntryTimeout:   time.Second,
+		AttrTimeout:    time.Second,
+		MaxNextReaders: 1024,
+		DraftTTL:       time.Hour,
+		FsName:         "yirangmq",
+	}
+}
+
+// FS is a mounted (or mountable) filesystem of queues. It is also the
+// core's Notifier: build it first, give it to queuecore.Open, then Mount.
+type FS struct {
+	opts Options
+	log  *slog.Logger
+	core *queuecore.Core
+	root *rootNode
+	uid  uint32 // the mounting user, owner of the root
+	gid  uint32
+
+	events      chan queuecore.Event
+	nextReaders atomic.Int64
+
+	mu      sync.Mutex
+	queueNo map[string]uint32       // queue name → number, for inode numbers
+	pending map[pendingKey]*msgNode // files in inbox/ not yet committed, and drafts
+
+	started time.Time
+	done    chan struct{}
+	wg      sync.WaitGroup
+}
+
+type pendingKey struct{ queue, name string }
+
+var _ queuecore.Notifier = (*FS)(nil)
+
+// New returns an FS; call Mount once the core is open.
+func New(opts Options) *FS {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	d := DefaultOptions()
+	if opts.MaxNextReaders <= 0 {
+		opts.MaxNextReaders = d.MaxNextReaders
+	}
+	if opts.DraftTTL <= 0 {
+		opts.DraftTTL = d.DraftTTL
+	}
+	if opts.FsName == "" {
+		opts.FsName = d.FsName
+	}
+	f := &FS{
+		opts: opts, log: opts.Logger,
+		uid: uint32(os.Getuid()), gid: uint32(os.Getgid()),
+		events:  make(chan queuecore.Event, 4096),
+		queueNo: map[string]uint32{},
+		pending: map[pendingKey]*msgNode{},
+		done:    make(chan struct{}),
+		started: time.Now(),
+	}
+	f.root = &rootNode{fsys: f}
+	return f
+}
+
+// Mount serves core at mountpoint. The returned server is running; call
+// Unmount (or server.Unmount) to stop.
+func (f *FS) Mount(core *queuecore.Core, mountpoint string) (*fuse.Server, error) {
+	f.core = core
+	entry, attr := f.opts.EntryTimeout, f.opts.AttrTimeout
+	mo := fuse.MountOptions{
+		FsName:           f.opts.FsName,
+		Name:             "yirangmq",
+		AllowOther:       f.opts.AllowOther,
+		DirectMount:      true,
+		DirectMountFlags: syscall.MS_NODEV | syscall.MS_NOSUID | syscall.MS_NOEXEC,
+		Options:          []string{"nodev", "nosuid", "noexec"},
+		Debug:            f.opts.Debug,
+		MaxBackground:    64,
+	}
+	if f.opts.AllowOther {
+		mo.Options = append(mo.Options, "default_permissions")
+	}
+	server, err := fs.Mount(mountpoint, f.root, &fs.Options{
+		MountOptions:    mo,
+		EntryTimeout:    &entry,
+		AttrTimeout:     &attr,
+		NegativeTimeout: &entry,
+		RootStableAttr:  &fs.StableAttr{Ino: inoRoot},
+		UID:             f.uid,
+		GID:             f.gid,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
+	}
+	f.wg.Add(2)
+	go f.sendInvalidations()
+	go f.sweepDrafts()
+	return server, nil
+}
+
+// Stop ends the FS's goroutines; call after the server has unmounted.
+func (f *FS) Stop() {
+	select {
+	case <-f.done:
+	default:
+		close(f.done)
+	}
+	f.wg.Wait()
+}
+
+// Inode numbers fit in 32 bits (SPEC.md §2) so that 32-bit programs built
+// without large-file support can stat every file:
+//
+//	1, 2, 3                   the root, /.stats, /.metrics
+//	0x100 + 16*q + k          queue q's directory (k=0), its state
+//	                          directories (k=1..5), .stats, .policy, .next
+//	0x0100_0000 + id          a message, from its create to its end (the
+//	                          id is reserved at create); wraps below 2^31
+const (
+	inoRoot      = 1
+	inoRootStats = 2
+	inoMetrics   = 3
+	inoQueueBase = 0x100
+	inoMsgBase   = 0x0100_0000
+	inoMsgSpan   = 0x8000_0000 - inoMsgBase
+)
+
+const (
+	kQueueDir = 0
+	kStats    = 6
+	kPolicy   = 7
+	kNext     = 8
+)
+
+func (f *FS) queueIno(queue string, k uint32) uint64 {
+	f.mu.Lock()
+	n, ok := f.queueNo[queue]
+	if !ok {
+		n = uint32(len(f.queueNo))
+		f.queueNo[queue] = n
+	}
+	f.mu.Unlock()
+	return uint64(inoQueueBase + 16*(n%0xF_0000) + k)
+}
+
+func msgIno(id uint64) uint64 { return inoMsgBase + id%inoMsgSpan }
+
+// Notify takes the core's events; those the kernel did not see happen (the
+// daemon's own moves) become entry invalidations.
+func (f *FS) Notify(e queuecore.Event) {
+	if !e.ByDaemon {
+		return
+	}
+	f.queueInvalidation(e)
+}
+
+func (f *FS) queueInvalidation(e queuecore.Event) {
+	select {
+	case f.events <- e:
+	default:
+		f.log.Warn("kernel invalidation queue full: an entry may look stale for up to the entry timeout",
+			"queue", e.Queue, "name", e.Name)
+	}
+}
+
+// sendInvalidations tells the kernel about moved messages. It runs on its
+// own goroutine: a notification written from inside a request handler of
+// the same directory can deadlock the kernel.
+func (f *FS) sendInvalidations() {
+	defer f.wg.Done()
+	for {
+		select {
+		case e := <-f.events:
+			f.invalidate(e.Queue, e.From, e.Name)
+			f.invalidate(e.Queue, e.To, e.Name)
+		case <-f.done:
+			return
+		}
+	}
+}
+
+func (f *FS) invalidate(queue string, s queuecore.State, name string) {
+	if !s.Valid() {
+		return
+	}
+	qdir := f.root.GetChild(queue)
+	if qdir == nil {
+		return
+	}
+	sdir := qdir.GetChild(s.Dir())
+	if sdir == nil {
+		return
+	}
+	if errno := sdir.NotifyEntry(name); errno != 0 && errno != syscall.ENOENT {
+		f.log.Debug("entry invalidation failed", "queue", queue, "dir", s.Dir(), "name", name, "errno", errno)
+	}
+}
+
+// sweepDrafts drops drafts left uncommitted for longer than DraftTTL.
+func (f *FS) sweepDrafts() {
+	defer f.wg.Done()
+	t := time.NewTicker(f.opts.DraftTTL / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-f.done:
+			return
+		}
+		now := time.Now()
+		var old []pendingKey
+		f.mu.Lock()
+		for k, n := range f.pending {
+			if n.isStaleDraft(now, f.opts.DraftTTL) {
+				old = append(old, k)
+				delete(f.pending, k)
+			}
+		}
+		f.mu.Unlock()
+		for _, k := range old {
+			f.log.Info("draft removed after its time to live", "queue", k.queue, "name", k.name)
+			f.invalidate(k.queue, queuecore.StateReady, k.name)
+		}
+	}
+}
+
+func (f *FS) pendingFile(queue, name string) *msgNode {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.pending[pendingKey{queue, name}]
+}
+
+// caller returns who made a request.
+func caller(ctx context.Context) (uid, gid, pid uint32) {
+	if c, ok := fuse.FromContext(ctx); ok {
+		return c.Uid, c.Gid, c.Pid
+	}
+	return 0, 0, 0
+}
+
+// threadGroup returns the process (thread group) of a thread: FUSE gives
+// the thread id, and a multi-threaded writer may close on another thread
+// than the one that created the file.
+func threadGroup(tid uint32) uint32 {
+	b, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(tid), 10) + "/status")
+	if err != nil {
+		return tid
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Tgid:"); ok {
+			if n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 32); err == nil {
+				return uint32(n)
+			}
+		}
+	}
+	return tid
+}
+
+// consumer describes a leaser for user.yirangmq.consumer.
+func consumer(ctx context.Context) string {
+	uid, _, pid := caller(ctx)
+	comm, _ := os.ReadFile("/proc/" + strconv.FormatUint(uint64(pid), 10) + "/comm")
+	return fmt.Sprintf("uid=%d pid=%d cmd=%s", uid, threadGroup(pid), strings.TrimSpace(string(comm)))
+}
+
+// fillDir sets the attributes of a directory.
+func fillDir(out *fuse.Attr, ino uint64, uid, gid, mode uint32, t time.Time) {
+	out.Ino = ino
+	out.Mode = syscall.S_IFDIR | (mode & 0o7777)
+	out.Nlink = 2
+	out.Uid, out.Gid = uid, gid
+	out.SetTimes(&t, &t, &t)
+	out.Size = 4096
+	out.Blksize = 4096
+}
+
+func (f *FS) startTime() time.Time { return f.started }

@@ -1,0 +1,308 @@
+package fusefs
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"yirangmq/queuecore"
+)
+
+// Pseudo-files are served with direct I/O: the kernel caches nothing, so
+// every read reaches the daemon, and their size is reported as 0.
+func fillPseudo(out *fuse.Attr, ino uint64, uid, gid uint32, writable bool) {
+	now := time.Now()
+	out.Ino = ino
+	out.Mode = syscall.S_IFREG | 0o444
+	if writable {
+		out.Mode |= 0o200
+	}
+	out.Nlink = 1
+	out.Uid, out.Gid = uid, gid
+	out.SetTimes(&now, &now, &now)
+	out.Blksize = 4096
+}
+
+// snapshot is an open pseudo-file: what it said when opened, so that
+// reads in pieces see one consistent document.
+type snapshot struct{ data []byte }
+
+func (s *snapshot) read(dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	if off >= int64(len(s.data)) {
+		return fuse.ReadResultData(nil), 0
+	}
+	return fuse.ReadResultData(s.data[off:min(off+int64(len(dest)), int64(len(s.data)))]), 0
+}
+
+// statsNode is QUEUE/.stats, MOUNT/.stats (queue == "") or MOUNT/.metrics.
+type statsNode struct {
+	fs.Inode
+	fsys    *FS
+	queue   string
+	metrics bool
+}
+
+func (n *statsNode) fill(out *fuse.Attr, ino uint64) {
+	fillPseudo(out, ino, n.fsys.uid, n.fsys.gid, false)
+}
+
+var _ = (fs.NodeGetattrer)((*statsNode)(nil))
+
+func (n *statsNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	ino := uint64(inoRootStats)
+	switch {
+	case n.metrics:
+		ino = inoMetrics
+	case n.queue != "":
+		ino = n.fsys.queueIno(n.queue, kStats)
+	}
+	n.fill(&out.Attr, ino)
+	return 0
+}
+
+var _ = (fs.NodeOpener)((*statsNode)(nil))
+
+func (n *statsNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		return nil, 0, syscall.EPERM
+	}
+	var data []byte
+	if n.queue != "" {
+		s, err := n.fsys.core.Stats(ctx, n.queue)
+		if err != nil {
+			return nil, 0, errnoOf(err)
+		}
+		data, _ = json.MarshalIndent(s, "", "  ")
+		data = append(data, '\n')
+	} else {
+		d, err := n.fsys.core.DaemonStats(ctx)
+		if err != nil {
+			return nil, 0, errnoOf(err)
+		}
+		if n.metrics {
+			data = Metrics(d)
+		} else {
+			data, _ = json.MarshalIndent(d, "", "  ")
+			data = append(data, '\n')
+		}
+	}
+	return &snapshot{data: data}, fuse.FOPEN_DIRECT_IO, 0
+}
+
+var _ = (fs.NodeReader)((*statsNode)(nil))
+
+func (n *statsNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	s, ok := fh.(*snapshot)
+	if !ok {
+		return nil, syscall.EBADF
+	}
+	return s.read(dest, off)
+}
+
+// policyNode is QUEUE/.policy: read it for the policy in effect, write a
+// whole document to replace it. The new policy is committed at the close
+// of the writer (FLUSH from the opening process, else RELEASE); an invalid
+// one fails that close with EINVAL and the old policy stays.
+type policyNode struct {
+	fs.Inode
+	fsys  *FS
+	queue string
+}
+
+type policyWriter struct {
+	mu      sync.Mutex
+	opener  uint32
+	buf     []byte
+	written bool
+	done    bool
+}
+
+var _ = (fs.NodeGetattrer)((*policyNode)(nil))
+
+func (n *policyNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	info, err := n.fsys.core.QueueInfo(n.queue)
+	if err != nil {
+		return errnoOf(err)
+	}
+	fillPseudo(&out.Attr, n.fsys.queueIno(n.queue, kPolicy), info.UID, info.GID, true)
+	return 0
+}
+
+var _ = (fs.NodeSetattrer)((*policyNode)(nil))
+
+// Setattr accepts the truncation that `>` and cp send before writing.
+func (n *policyNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if w, ok := fh.(*policyWriter); ok {
+		if size, ok := in.GetSize(); ok {
+			w.mu.Lock()
+			if int(size) < len(w.buf) {
+				w.buf = w.buf[:size]
+			}
+			w.mu.Unlock()
+		}
+	}
+	return n.Getattr(ctx, fh, out)
+}
+
+var _ = (fs.NodeOpener)((*policyNode)(nil))
+
+func (n *policyNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		_, _, pid := caller(ctx)
+		return &policyWriter{opener: threadGroup(pid)}, fuse.FOPEN_DIRECT_IO, 0
+	}
+	p, err := n.fsys.core.Policy(n.queue)
+	if err != nil {
+		return nil, 0, errnoOf(err)
+	}
+	return &snapshot{data: p.JSON()}, fuse.FOPEN_DIRECT_IO, 0
+}
+
+var _ = (fs.NodeReader)((*policyNode)(nil))
+
+func (n *policyNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	s, ok := fh.(*snapshot)
+	if !ok {
+		return nil, syscall.EBADF
+	}
+	return s.read(dest, off)
+}
+
+// maxPolicyWrite bounds a policy document held in memory.
+const maxPolicyWrite = 1 << 20
+
+var _ = (fs.NodeWriter)((*policyNode)(nil))
+
+func (n *policyNode) Write(ctx context.Context, fh fs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
+	w, ok := fh.(*policyWriter)
+	if !ok {
+		return 0, syscall.EBADF
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.done {
+		return 0, syscall.EPERM
+	}
+	end := off + int64(len(data))
+	if end > maxPolicyWrite {
+		return 0, syscall.EFBIG
+	}
+	if end > int64(len(w.buf)) {
+		w.buf = append(w.buf, make([]byte, end-int64(len(w.buf)))...)
+	}
+	copy(w.buf[off:], data)
+	w.written = w.written || len(data) > 0
+	return uint32(len(data)), 0
+}
+
+func (n *policyNode) commit(ctx context.Context, w *policyWriter) syscall.Errno {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.done || !w.written {
+		return 0
+	}
+	w.done = true
+	if err := n.fsys.core.SetPolicy(ctx, n.queue, w.buf); err != nil {
+		n.fsys.log.Warn("policy rejected", "queue", n.queue, "err", err)
+		return errnoOf(err)
+	}
+	n.fsys.log.Info("policy replaced", "queue", n.queue)
+	return 0
+}
+
+var _ = (fs.NodeFlusher)((*policyNode)(nil))
+
+func (n *policyNode) Flush(ctx context.Context, fh fs.FileHandle) syscall.Errno {
+	w, ok := fh.(*policyWriter)
+	if !ok {
+		return 0
+	}
+	if _, _, pid := caller(ctx); threadGroup(pid) != w.opener {
+		return 0
+	}
+	return n.commit(ctx, w)
+}
+
+var _ = (fs.NodeReleaser)((*policyNode)(nil))
+
+func (n *policyNode) Release(ctx context.Context, fh fs.FileHandle) syscall.Errno {
+	if w, ok := fh.(*policyWriter); ok {
+		n.commit(context.Background(), w)
+	}
+	return 0
+}
+
+var _ = (fs.NodeFsyncer)((*policyNode)(nil))
+
+func (n *policyNode) Fsync(ctx context.Context, fh fs.FileHandle, flags uint32) syscall.Errno {
+	return 0
+}
+
+// nextNode is QUEUE/.next: the first read blocks until a message can be
+// leased, leases it and returns "processing/NAME\n"; later reads return
+// EOF. O_NONBLOCK: EAGAIN when nothing is ready. A signal interrupts the
+// wait with EINTR and no lease.
+type nextNode struct {
+	fs.Inode
+	fsys  *FS
+	queue string
+}
+
+type nextHandle struct {
+	mu       sync.Mutex
+	nonblock bool
+	leased   bool
+	data     []byte
+}
+
+var _ = (fs.NodeGetattrer)((*nextNode)(nil))
+
+func (n *nextNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	info, err := n.fsys.core.QueueInfo(n.queue)
+	if err != nil {
+		return errnoOf(err)
+	}
+	fillPseudo(&out.Attr, n.fsys.queueIno(n.queue, kNext), info.UID, info.GID, false)
+	return 0
+}
+
+var _ = (fs.NodeOpener)((*nextNode)(nil))
+
+func (n *nextNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		return nil, 0, syscall.EPERM
+	}
+	return &nextHandle{nonblock: flags&syscall.O_NONBLOCK != 0}, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NONSEEKABLE, 0
+}
+
+var _ = (fs.NodeReader)((*nextNode)(nil))
+
+func (n *nextNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	h, ok := fh.(*nextHandle)
+	if !ok {
+		return nil, syscall.EBADF
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.leased {
+		if waiting := n.fsys.nextReaders.Add(1); waiting > int64(n.fsys.opts.MaxNextReaders) {
+			n.fsys.nextReaders.Add(-1)
+			n.fsys.log.Warn(".next refused: too many blocked readers", "queue", n.queue, "max", n.fsys.opts.MaxNextReaders)
+			return nil, syscall.EBUSY
+		}
+		m, err := n.fsys.core.Next(ctx, n.queue, consumer(ctx), h.nonblock)
+		n.fsys.nextReaders.Add(-1)
+		if err != nil {
+			return nil, errnoOf(err)
+		}
+		h.leased = true
+		h.data = []byte(queuecore.StateLeased.Dir() + "/" + m.Name + "\n")
+	}
+	s := snapshot{data: h.data}
+	return s.read(dest, off)
+}

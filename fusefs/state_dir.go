@@ -1,0 +1,251 @@
+package fusefs
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"yirangmq/queuecore"
+)
+
+// stateDir is QUEUE/inbox, processing, delayed, dlq or archive. Renames
+// between them are the queue's transitions; unlink is ack or delete;
+// create (in inbox/ only) is publish.
+type stateDir struct {
+	fs.Inode
+	fsys  *FS
+	queue string
+	state queuecore.State
+}
+
+var _ = (fs.NodeGetattrer)((*stateDir)(nil))
+
+func (d *stateDir) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	info, err := d.fsys.core.QueueInfo(d.queue)
+	if err != nil {
+		return errnoOf(err)
+	}
+	fillDir(&out.Attr, d.fsys.queueIno(d.queue, uint32(d.state)), info.UID, info.GID, info.Mode, info.CreatedAt)
+	return 0
+}
+
+var _ = (fs.NodeLookuper)((*stateDir)(nil))
+
+func (d *stateDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if d.state == queuecore.StateReady {
+		if p := d.fsys.pendingFile(d.queue, name); p != nil {
+			p.fillAttr(ctx, &out.Attr)
+			return &p.Inode, 0
+		}
+	}
+	if strings.HasPrefix(name, ".") {
+		return nil, syscall.ENOENT
+	}
+	m, err := d.fsys.core.Get(ctx, d.queue, d.state, name)
+	if err != nil {
+		return nil, errnoOf(err)
+	}
+	return d.messageInode(ctx, m, out), 0
+}
+
+func (d *stateDir) messageInode(ctx context.Context, m queuecore.Message, out *fuse.EntryOut) *fs.Inode {
+	n := &msgNode{fsys: d.fsys, queue: d.queue, name: m.Name, id: m.ID}
+	fillMessage(&out.Attr, m)
+	return d.NewInode(ctx, n, fs.StableAttr{Mode: syscall.S_IFREG, Ino: msgIno(m.ID)})
+}
+
+var _ = (fs.NodeReaddirer)((*stateDir)(nil))
+
+// Readdir lists committed messages: inbox/ in delivery order (priority,
+// then FIFO), the others by their timestamp.
+func (d *stateDir) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
+	var entries []fuse.DirEntry
+	err := d.fsys.core.List(ctx, d.queue, d.state, func(m queuecore.Message) bool {
+		entries = append(entries, fuse.DirEntry{Name: m.Name, Mode: syscall.S_IFREG, Ino: msgIno(m.ID)})
+		return true
+	})
+	if err != nil {
+		return nil, errnoOf(err)
+	}
+	return fs.NewListDirStream(entries), 0
+}
+
+var _ = (fs.NodeCreater)((*stateDir)(nil))
+
+// Create starts a message (or a draft, for a name with a leading dot) in
+// inbox/. It is committed at close; see pending.go.
+func (d *stateDir) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	if d.state != queuecore.StateReady {
+		d.fsys.log.Warn("create refused: messages are published in inbox/", "queue", d.queue, "dir", d.state.Dir(), "name", name)
+		return nil, nil, 0, syscall.EPERM
+	}
+	draft := strings.HasPrefix(name, ".")
+	check := name
+	if draft {
+		check = strings.TrimLeft(name, ".")
+		if check == "" {
+			return nil, nil, 0, syscall.EINVAL
+		}
+	}
+	if err := queuecore.CheckMessageName(check); err != nil {
+		d.fsys.log.Warn("create refused", "queue", d.queue, "name", name, "err", err)
+		return nil, nil, 0, errnoOf(err)
+	}
+	if !draft {
+		if err := d.fsys.core.CheckPublish(ctx, d.queue, name); err != nil {
+			d.fsys.log.Info("create refused", "queue", d.queue, "name", name, "err", err)
+			return nil, nil, 0, errnoOf(err)
+		}
+	}
+	policy, err := d.fsys.core.Policy(d.queue)
+	if err != nil {
+		return nil, nil, 0, errnoOf(err)
+	}
+	uid, gid, pid := caller(ctx)
+	n := &msgNode{fsys: d.fsys, queue: d.queue, name: name, id: d.fsys.core.NewID(), pend: &pending{
+		draft: draft, creator: threadGroup(pid), uid: uid, gid: gid, created: time.Now(), limit: policy.MaxMessageBytes,
+	}}
+	key := pendingKey{d.queue, name}
+	d.fsys.mu.Lock()
+	if _, busy := d.fsys.pending[key]; busy {
+		d.fsys.mu.Unlock()
+		return nil, nil, 0, syscall.EEXIST
+	}
+	d.fsys.pending[key] = n
+	d.fsys.mu.Unlock()
+	n.fillAttr(ctx, &out.Attr)
+	ino := d.NewInode(ctx, n, fs.StableAttr{Mode: syscall.S_IFREG, Ino: msgIno(n.id)})
+	return ino, &writeHandle{}, fuse.FOPEN_DIRECT_IO, 0
+}
+
+var _ = (fs.NodeUnlinker)((*stateDir)(nil))
+
+// Unlink acks in processing/ and deletes elsewhere; a file still being
+// written (or a draft) is discarded.
+func (d *stateDir) Unlink(ctx context.Context, name string) syscall.Errno {
+	if d.state == queuecore.StateReady {
+		if p := d.fsys.takePending(d.queue, name); p != nil {
+			p.discard()
+			return 0
+		}
+	}
+	var err error
+	if d.state == queuecore.StateLeased {
+		err = d.fsys.core.Ack(ctx, d.queue, name)
+	} else {
+		err = d.fsys.core.Delete(ctx, d.queue, d.state, name)
+	}
+	return errnoOf(err)
+}
+
+var _ = (fs.NodeRenamer)((*stateDir)(nil))
+
+// Rename is a transition of SPEC.md §2, or the commit of a draft.
+func (d *stateDir) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	if flags&^uint32(unix.RENAME_NOREPLACE) != 0 {
+		return syscall.EINVAL // RENAME_EXCHANGE, RENAME_WHITEOUT
+	}
+	to, ok := newParent.(*stateDir)
+	if !ok {
+		return syscall.EPERM
+	}
+	if d.state == queuecore.StateReady && strings.HasPrefix(name, ".") {
+		return d.commitDraft(ctx, name, to, newName)
+	}
+	if p := d.fsys.pendingFile(d.queue, name); p != nil && d.state == queuecore.StateReady {
+		return syscall.ENOENT // not committed yet: not a message
+	}
+	if newName != name {
+		d.fsys.log.Warn("rename refused: a message keeps its name", "queue", d.queue, "name", name, "new", newName)
+		return syscall.EPERM
+	}
+	m, err := d.fsys.core.Move(ctx, d.queue, d.state, name, to.queue, to.state, consumer(ctx))
+	if err != nil {
+		if errors.Is(err, queuecore.ErrNotAllowed) {
+			d.fsys.log.Warn("rename refused", "queue", d.queue, "from", d.state.Dir(), "to", to.queue+"/"+to.state.Dir(), "name", name)
+		}
+		return errnoOf(err)
+	}
+	// The kernel moves its dentry and inode to the new place. Where the
+	// queue put something else there — a nack waiting in delayed/, a
+	// replay or a forward that is a new message — tell it to look again.
+	if m.State != to.state || d.state == queuecore.StateArchived || to.queue != d.queue {
+		d.fsys.queueInvalidation(queuecore.Event{Queue: to.queue, Name: name, To: to.state})
+	}
+	return 0
+}
+
+// commitDraft publishes a draft .NAME renamed to NAME in the same inbox/.
+func (d *stateDir) commitDraft(ctx context.Context, name string, to *stateDir, newName string) syscall.Errno {
+	if to.queue != d.queue || to.state != queuecore.StateReady || strings.HasPrefix(newName, ".") {
+		d.fsys.log.Warn("rename refused: a draft is committed by renaming it to a name without the leading dot in the same inbox/",
+			"queue", d.queue, "name", name, "to", to.queue+"/"+to.state.Dir()+"/"+newName)
+		return syscall.EPERM
+	}
+	p := d.fsys.takePending(d.queue, name)
+	if p == nil {
+		return syscall.ENOENT
+	}
+	if errno := p.rename(newName); errno != 0 {
+		return errno
+	}
+	return p.commit(ctx)
+}
+
+var _ = (fs.NodeMkdirer)((*stateDir)(nil))
+
+func (d *stateDir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	return nil, syscall.EPERM
+}
+
+var _ = (fs.NodeRmdirer)((*stateDir)(nil))
+
+func (d *stateDir) Rmdir(ctx context.Context, name string) syscall.Errno { return syscall.ENOTDIR }
+
+var _ = (fs.NodeSymlinker)((*stateDir)(nil))
+
+func (d *stateDir) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	return nil, syscall.EPERM
+}
+
+var _ = (fs.NodeLinker)((*stateDir)(nil))
+
+func (d *stateDir) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	return nil, syscall.EPERM
+}
+
+var _ = (fs.NodeMknoder)((*stateDir)(nil))
+
+func (d *stateDir) Mknod(ctx context.Context, name string, mode uint32, dev uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	return nil, syscall.EPERM
+}
+
+var _ = (fs.NodeSetattrer)((*stateDir)(nil))
+
+func (d *stateDir) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if _, ok := in.GetMode(); ok {
+		return syscall.EPERM // state directories follow their queue's mode
+	}
+	if _, ok := in.GetUID(); ok {
+		return syscall.EPERM
+	}
+	if _, ok := in.GetGID(); ok {
+		return syscall.EPERM
+	}
+	return d.Getattr(ctx, fh, out) // touch of a directory: nothing to change
+}
+
+func (f *FS) takePending(queue, name string) *msgNode {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	key := pendingKey{queue, name}
+	n := f.pending[key]
+	delete(f.pending, key)
+	return n
+}

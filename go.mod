@@ -1,0 +1,15 @@
+module yirangmq
+
+go 1.26.0
+
+require (
+	github.com/google/btree v1.1.3
+	github.com/google/uuid v1.6.0
+	github.com/hanwen/go-fuse/v2 v2.12.1
+	github.com/mattn/go-sqlite3 v1.14.53
+	github.com/santhosh-tekuri/jsonschema/v6 v6.0.3
+	github.com/spf13/pflag v1.1.0
+	golang.org/x/sys v0.49.0
+)
+
+require golang.org/x/text v0.14.0 // indirect

@@ -1,0 +1,377 @@
+package queuecore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Event tells a Notifier that a message changed place.
+type Event struct {
+	Queue, Name string
+	From, To    State // 0: the message did not exist before / does not exist after
+	// ByDaemon is true when the core moved the message by itself (lease
+	// expiry, backoff due, retention) or as a side effect (fanout copies,
+	// forwards, validation failures kept in dlq/), not as the direct
+	// result of the caller's own request.
+	ByDaemon bool
+}
+
+// Notifier hears about moves. Notify is called outside every lock of the
+// core and must not block: the filesystem layer queues the event and sends
+// kernel invalidations from its own goroutine.
+type Notifier interface {
+	Notify(Event)
+}
+
+// Options configure a Core.
+type Options struct {
+	Clock    Clock        // nil: SystemClock
+	Notifier Notifier     // nil: none
+	Logger   *slog.Logger // nil: discard
+	// Backend and StorePath describe the store in daemon stats.
+	Backend, StorePath string
+	Version            string
+}
+
+// Log keys, so that every line names things the same way.
+const (
+	logQueue  = "queue"
+	logName   = "name"
+	logReason = "reason"
+	logErr    = "err"
+)
+
+// Core is a set of queues on one store.
+type Core struct {
+	store   Store
+	clock   Clock
+	notify  Notifier
+	log     *slog.Logger
+	opts    Options
+	started time.Time
+
+	lastID atomic.Uint64 // last message ID or Seq handed out
+
+	mu     sync.Mutex // guards queues
+	queues map[string]*queue
+
+	sched  *scheduler
+	closed atomic.Bool
+	done   chan struct{}
+	wg     sync.WaitGroup
+}
+
+// Open loads the queues of store and starts the timer that runs lease
+// expiry, backoff and retention. The store stays the caller's: Close does
+// not close it.
+func Open(ctx context.Context, store Store, opts Options) (*Core, error) {
+	if opts.Clock == nil {
+		opts.Clock = SystemClock{}
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	c := &Core{
+		store: store, clock: opts.Clock, notify: opts.Notifier, log: opts.Logger, opts: opts,
+		queues: map[string]*queue{}, done: make(chan struct{}),
+	}
+	c.started = c.clock.Now()
+	maxID, err := store.MaxID(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("open queue core: %w", err)
+	}
+	c.lastID.Store(maxID)
+	infos, err := store.Queues(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("open queue core: %w", err)
+	}
+	counts, err := store.Counts(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("open queue core: %w", err)
+	}
+	for _, info := range infos {
+		p, err := ParsePolicy(info.Policy)
+		if err != nil {
+			// A policy the store kept but this version rejects: run the
+			// queue on defaults rather than refuse to start.
+			c.log.Error("stored policy is invalid, using defaults", logQueue, info.Name, logErr, err)
+			p = DefaultPolicy()
+		}
+		q := newQueue(info, p)
+		for s, n := range counts[info.Name] {
+			if s.Valid() {
+				q.gauges[s] = n
+			}
+		}
+		c.queues[info.Name] = q
+	}
+	c.sched = newScheduler(c)
+	c.wg.Add(1)
+	go c.sched.run()
+	c.sched.kick()
+	return c, nil
+}
+
+// Close stops the timer and wakes every blocked Next with ErrClosed.
+// Operations under way finish; later ones fail with ErrClosed.
+func (c *Core) Close() error {
+	if c.closed.Swap(true) {
+		return nil
+	}
+	close(c.done)
+	c.wg.Wait()
+	c.mu.Lock()
+	for _, q := range c.queues {
+		q.mu.Lock()
+		q.wakeReaders()
+		q.mu.Unlock()
+	}
+	c.mu.Unlock()
+	return nil
+}
+
+func (c *Core) now() time.Time { return c.clock.Now() }
+
+func (c *Core) newID() uint64 { return c.lastID.Add(1) }
+
+// queue returns a live queue or ErrNotFound.
+func (c *Core) queue(name string) (*queue, error) {
+	if c.closed.Load() {
+		return nil, ErrClosed
+	}
+	c.mu.Lock()
+	q := c.queues[name]
+	c.mu.Unlock()
+	if q == nil {
+		return nil, fmt.Errorf("queue %q: %w", name, ErrNotFound)
+	}
+	return q, nil
+}
+
+// QueueNames lists the queues, sorted.
+func (c *Core) QueueNames() []string {
+	c.mu.Lock()
+	names := make([]string, 0, len(c.queues))
+	for n := range c.queues {
+		names = append(names, n)
+	}
+	c.mu.Unlock()
+	sort.Strings(names)
+	return names
+}
+
+// QueueInfo returns a queue's name, owner, mode and creation time.
+func (c *Core) QueueInfo(name string) (QueueInfo, error) {
+	q, err := c.queue(name)
+	if err != nil {
+		return QueueInfo{}, err
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.info, nil
+}
+
+// CreateQueue makes a queue with the default policy.
+func (c *Core) CreateQueue(ctx context.Context, name string, uid, gid, mode uint32) error {
+	if err := CheckQueueName(name); err != nil {
+		return err
+	}
+	if c.closed.Load() {
+		return ErrClosed
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock() // queue creation is rare: holding c.mu across the commit keeps names unique
+	if c.queues[name] != nil {
+		return fmt.Errorf("queue %q: %w", name, ErrExists)
+	}
+	p := DefaultPolicy()
+	info := QueueInfo{Name: name, Policy: p.JSON(), UID: uid, GID: gid, Mode: mode & 0o7777, CreatedAt: c.now()}
+	if err := c.store.PutQueue(context.WithoutCancel(ctx), info); err != nil {
+		return fmt.Errorf("create queue %q: %w", name, err)
+	}
+	c.queues[name] = newQueue(info, p)
+	c.log.Info("queue created", logQueue, name)
+	return nil
+}
+
+// DeleteQueue removes a queue. Unless force, it must hold no message in
+// any state (ErrNotEmpty); with force its messages go with it.
+func (c *Core) DeleteQueue(ctx context.Context, name string, force bool) error {
+	q, err := c.queue(name)
+	if err != nil {
+		return err
+	}
+	q.mu.Lock()
+	if !force {
+		for _, s := range States {
+			if q.gauges[s].N > 0 || q.inserting > 0 {
+				q.mu.Unlock()
+				return fmt.Errorf("queue %q: %w", name, ErrNotEmpty)
+			}
+		}
+	}
+	q.deleted = true // new operations now fail with ErrNotFound
+	q.wakeReaders()
+	for len(q.claims) > 0 { // let operations under way finish
+		var ch chan struct{}
+		for _, ch = range q.claims {
+			break
+		}
+		q.mu.Unlock()
+		<-ch
+		q.mu.Lock()
+	}
+	q.mu.Unlock()
+	if err := c.store.DeleteQueue(context.WithoutCancel(ctx), name); err != nil {
+		q.mu.Lock()
+		q.deleted = false
+		q.mu.Unlock()
+		return fmt.Errorf("delete queue %q: %w", name, err)
+	}
+	c.mu.Lock()
+	delete(c.queues, name)
+	c.mu.Unlock()
+	c.log.Info("queue deleted", logQueue, name, "force", force)
+	return nil
+}
+
+// SetQueueOwner changes a queue directory's owner and mode (chown, chmod).
+func (c *Core) SetQueueOwner(ctx context.Context, name string, uid, gid, mode uint32) error {
+	q, err := c.queue(name)
+	if err != nil {
+		return err
+	}
+	return c.updateQueue(ctx, q, func(info *QueueInfo, _ *Policy) error {
+		info.UID, info.GID, info.Mode = uid, gid, mode&0o7777
+		return nil
+	})
+}
+
+// Policy returns a queue's policy in effect.
+func (c *Core) Policy(name string) (Policy, error) {
+	q, err := c.queue(name)
+	if err != nil {
+		return Policy{}, err
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.policy, nil
+}
+
+// SetPolicy replaces a queue's policy with the document data. An invalid
+// document is an *InputError and leaves the old policy in place.
+func (c *Core) SetPolicy(ctx context.Context, name string, data []byte) error {
+	p, err := ParsePolicy(data)
+	if err != nil {
+		c.log.Warn("policy rejected", logQueue, name, logErr, err)
+		return err
+	}
+	for _, f := range p.Fanout {
+		if f == name {
+			return &InputError{Field: "policy field fanout", Msg: "a queue cannot fan out to itself"}
+		}
+		if _, err := c.queue(f); err != nil {
+			return &InputError{Field: "policy field fanout", Msg: "no queue named " + quote(f)}
+		}
+	}
+	q, err := c.queue(name)
+	if err != nil {
+		return err
+	}
+	return c.updateQueue(ctx, q, func(_ *QueueInfo, old *Policy) error {
+		*old = p
+		return nil
+	})
+}
+
+// SetPaused pauses or resumes leasing on a queue (publishing goes on).
+func (c *Core) SetPaused(ctx context.Context, name string, paused bool) error {
+	q, err := c.queue(name)
+	if err != nil {
+		return err
+	}
+	return c.updateQueue(ctx, q, func(_ *QueueInfo, p *Policy) error {
+		p.Paused = paused
+		return nil
+	})
+}
+
+// updateQueue changes a queue's record. Queue updates are rare, so q.mu is
+// held across the commit to keep them ordered; message operations of this
+// queue wait, other queues do not.
+func (c *Core) updateQueue(ctx context.Context, q *queue, change func(*QueueInfo, *Policy) error) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.deleted {
+		return fmt.Errorf("queue %q: %w", q.info.Name, ErrNotFound)
+	}
+	info, p := q.info, q.policy
+	if err := change(&info, &p); err != nil {
+		return err
+	}
+	info.Policy = p.JSON()
+	if err := c.store.PutQueue(context.WithoutCancel(ctx), info); err != nil {
+		return fmt.Errorf("update queue %q: %w", q.info.Name, err)
+	}
+	wasPaused := q.policy.Paused
+	q.info, q.policy = info, p
+	if wasPaused && !p.Paused {
+		q.wakeReaders()
+	}
+	c.sched.kick() // retention may have changed
+	return nil
+}
+
+// queue is one queue's in-memory state: its record, gauges, counters,
+// claims and blocked readers. Messages themselves live in the store.
+type queue struct {
+	mu      sync.Mutex
+	info    QueueInfo
+	policy  Policy
+	deleted bool
+
+	// claims are the names with an operation under way; the channel is
+	// closed when it ends.
+	claims map[claimKey]chan struct{}
+	// inserting counts publishes under way, for maxReady.
+	inserting int64
+	gauges    [StateArchived + 1]Count
+
+	// readyCh is closed (and replaced) whenever a message may have become
+	// ready or leasable, to wake blocked Next calls; waiting counts them.
+	readyCh chan struct{}
+	waiting int
+
+	dedup map[string]time.Time // dedup key → commit time
+
+	counters counters
+	rates    rates
+}
+
+type claimKey struct {
+	name     string
+	archived bool
+}
+
+func newQueue(info QueueInfo, p Policy) *queue {
+	return &queue{
+		info: info, policy: p,
+		claims:  map[claimKey]chan struct{}{},
+		readyCh: make(chan struct{}),
+		dedup:   map[string]time.Time{},
+	}
+}
+
+// wakeReaders wakes every blocked Next. q.mu must be held.
+func (q *queue) wakeReaders() {
+	close(q.readyCh)
+	q.readyCh = make(chan struct{})
+}
+
+var errRetry = errors.New("retry")

@@ -1,0 +1,247 @@
+package queuecore
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+)
+
+// Policy is what a queue does with its messages (QUEUE/.policy). The JSON
+// form is the contract of SPEC.md §5; fields left out take their defaults.
+type Policy struct {
+	VisibilityTimeoutSec int           `json:"visibilityTimeoutSec"`
+	MaxLeaseSec          int           `json:"maxLeaseSec"` // cap on a deadline set by touch -d
+	Retry                RetryPolicy   `json:"retry"`
+	DLQ                  DLQPolicy     `json:"dlq"`
+	Archive              ArchivePolicy `json:"archive"`
+	MaxMessageBytes      int64         `json:"maxMessageBytes"`
+	MaxReady             int64         `json:"maxReady"` // 0: no limit
+	Format               string        `json:"format"`   // raw, json or envelope
+	// Schema is a JSON Schema every committed message must satisfy, or
+	// null. It needs format json or envelope.
+	Schema         json.RawMessage `json:"schema"`
+	DedupWindowSec int             `json:"dedupWindowSec"`
+	Fanout         []string        `json:"fanout"`
+	Paused         bool            `json:"paused"`
+
+	schema *jsonschema.Schema // compiled Schema
+}
+
+// RetryPolicy says how often and how late a failed message is retried.
+type RetryPolicy struct {
+	// Limit is the number of retries: a message that fails Limit+1 times
+	// is dead-lettered.
+	Limit           int     `json:"limit"`
+	Backoff         string  `json:"backoff"` // exponential, linear or fixed
+	InitialDelaySec float64 `json:"initialDelaySec"`
+	MaxDelaySec     float64 `json:"maxDelaySec"`
+}
+
+// DLQPolicy: with Enabled false, messages that spend their retries are
+// dropped (and logged); dead letters by hand and validation failures still
+// go to dlq/, so nothing a producer sent disappears unseen.
+type DLQPolicy struct {
+	Enabled       bool `json:"enabled"`
+	RetentionDays int  `json:"retentionDays"` // 0: keep forever
+}
+
+// ArchivePolicy: acked messages are kept in archive/ for RetentionSec
+// seconds (0: no time limit), at most MaxMessages of them (0: no limit).
+type ArchivePolicy struct {
+	Enabled      bool  `json:"enabled"`
+	RetentionSec int64 `json:"retentionSec"`
+	MaxMessages  int64 `json:"maxMessages"`
+}
+
+// Limits on policy values: generous, but bounded so that a typo cannot
+// make a queue hold a lease for years or a message of gigabytes.
+const (
+	maxVisibilitySec   = 7 * 24 * 3600
+	maxRetryLimit      = 1000
+	maxDelaySec        = 7 * 24 * 3600
+	maxMessageBytesCap = 64 << 20
+	maxFanout          = 16
+	maxPolicyBytes     = 1 << 20
+)
+
+// DefaultPolicy is the policy of a new queue.
+func DefaultPolicy() Policy {
+	return Policy{
+		VisibilityTimeoutSec: 30,
+		MaxLeaseSec:          12 * 3600,
+		Retry:                RetryPolicy{Limit: 5, Backoff: "exponential", InitialDelaySec: 1, MaxDelaySec: 60},
+		DLQ:                  DLQPolicy{Enabled: true, RetentionDays: 14},
+		Archive:              ArchivePolicy{Enabled: true, RetentionSec: 86400, MaxMessages: 10000},
+		MaxMessageBytes:      262144,
+		Format:               "raw",
+		Schema:               json.RawMessage("null"),
+		Fanout:               []string{},
+	}
+}
+
+// ParsePolicy reads a policy document strictly: unknown fields, wrong types
+// and values out of range are errors (*InputError naming the field); fields
+// left out take their defaults.
+func ParsePolicy(data []byte) (Policy, error) {
+	p := DefaultPolicy()
+	if len(data) > maxPolicyBytes {
+		return p, &InputError{Field: "policy", Msg: fmt.Sprintf("document is larger than %d bytes", maxPolicyBytes)}
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return p, &InputError{Field: "policy", Msg: "document is empty"}
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&p); err != nil {
+		return DefaultPolicy(), &InputError{Field: "policy", Msg: describeJSONError(err)}
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return DefaultPolicy(), &InputError{Field: "policy", Msg: "trailing data after the JSON object"}
+	}
+	if p.Fanout == nil {
+		p.Fanout = []string{}
+	}
+	if len(p.Schema) == 0 {
+		p.Schema = json.RawMessage("null")
+	}
+	if err := p.check(); err != nil {
+		return DefaultPolicy(), err
+	}
+	return p, nil
+}
+
+func describeJSONError(err error) string {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		return fmt.Sprintf("field %q must be a %s, not a JSON %s", te.Field, jsonKind(te.Type.Kind().String()), te.Value)
+	}
+	msg := err.Error()
+	if strings.HasPrefix(msg, "json: unknown field ") {
+		return "unknown field " + strings.TrimPrefix(msg, "json: unknown field ")
+	}
+	return strings.TrimPrefix(msg, "json: ")
+}
+
+func jsonKind(goKind string) string {
+	switch goKind {
+	case "int", "int64", "float64":
+		return "number"
+	case "bool":
+		return "boolean"
+	case "slice":
+		return "list"
+	case "struct":
+		return "object"
+	}
+	return goKind
+}
+
+func (p *Policy) check() error {
+	bad := func(field, msg string) error { return &InputError{Field: "policy field " + field, Msg: msg} }
+	switch {
+	case p.VisibilityTimeoutSec < 1 || p.VisibilityTimeoutSec > maxVisibilitySec:
+		return bad("visibilityTimeoutSec", fmt.Sprintf("must be 1 to %d seconds", maxVisibilitySec))
+	case p.MaxLeaseSec < p.VisibilityTimeoutSec || p.MaxLeaseSec > maxVisibilitySec:
+		return bad("maxLeaseSec", fmt.Sprintf("must be visibilityTimeoutSec (%d) to %d seconds", p.VisibilityTimeoutSec, maxVisibilitySec))
+	case p.Retry.Limit < 0 || p.Retry.Limit > maxRetryLimit:
+		return bad("retry.limit", fmt.Sprintf("must be 0 to %d", maxRetryLimit))
+	case p.Retry.Backoff != "exponential" && p.Retry.Backoff != "linear" && p.Retry.Backoff != "fixed":
+		return bad("retry.backoff", "must be exponential, linear or fixed, not "+quote(p.Retry.Backoff))
+	case p.Retry.InitialDelaySec < 0 || p.Retry.InitialDelaySec > maxDelaySec:
+		return bad("retry.initialDelaySec", fmt.Sprintf("must be 0 to %d seconds", maxDelaySec))
+	case p.Retry.MaxDelaySec < p.Retry.InitialDelaySec || p.Retry.MaxDelaySec > maxDelaySec:
+		return bad("retry.maxDelaySec", fmt.Sprintf("must be initialDelaySec (%g) to %d seconds", p.Retry.InitialDelaySec, maxDelaySec))
+	case p.DLQ.RetentionDays < 0 || p.DLQ.RetentionDays > 3650:
+		return bad("dlq.retentionDays", "must be 0 (forever) to 3650 days")
+	case p.Archive.RetentionSec < 0 || p.Archive.RetentionSec > 3650*86400:
+		return bad("archive.retentionSec", "must be 0 (no time limit) to 10 years")
+	case p.Archive.MaxMessages < 0:
+		return bad("archive.maxMessages", "must be 0 (no limit) or more")
+	case p.MaxMessageBytes < 1 || p.MaxMessageBytes > maxMessageBytesCap:
+		return bad("maxMessageBytes", fmt.Sprintf("must be 1 to %d bytes", maxMessageBytesCap))
+	case p.MaxReady < 0:
+		return bad("maxReady", "must be 0 (no limit) or more")
+	case p.Format != "raw" && p.Format != "json" && p.Format != "envelope":
+		return bad("format", "must be raw, json or envelope, not "+quote(p.Format))
+	case p.DedupWindowSec < 0 || p.DedupWindowSec > maxDelaySec:
+		return bad("dedupWindowSec", fmt.Sprintf("must be 0 (off) to %d seconds", maxDelaySec))
+	case len(p.Fanout) > maxFanout:
+		return bad("fanout", fmt.Sprintf("may name at most %d queues", maxFanout))
+	}
+	seen := map[string]bool{}
+	for _, q := range p.Fanout {
+		if err := CheckQueueName(q); err != nil {
+			return bad("fanout", err.Error())
+		}
+		if seen[q] {
+			return bad("fanout", "names "+quote(q)+" twice")
+		}
+		seen[q] = true
+	}
+	if s := bytes.TrimSpace(p.Schema); !bytes.Equal(s, []byte("null")) {
+		if p.Format == "raw" {
+			return bad("schema", "needs format json or envelope")
+		}
+		compiled, err := compileSchema(s)
+		if err != nil {
+			return bad("schema", err.Error())
+		}
+		p.schema = compiled
+	}
+	return nil
+}
+
+func compileSchema(doc []byte) (*jsonschema.Schema, error) {
+	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(doc))
+	if err != nil {
+		return nil, fmt.Errorf("not JSON: %w", err)
+	}
+	c := jsonschema.NewCompiler()
+	// Never fetch a $ref from the network or the disk: a policy is
+	// untrusted input.
+	c.UseLoader(noLoader{})
+	if err := c.AddResource("policy.json", v); err != nil {
+		return nil, err
+	}
+	return c.Compile("policy.json")
+}
+
+type noLoader struct{}
+
+func (noLoader) Load(url string) (any, error) {
+	return nil, fmt.Errorf("schema may not refer to %s: only references inside the schema are allowed", url)
+}
+
+// JSON renders the policy with every field, as .policy shows it.
+func (p Policy) JSON() []byte {
+	b, _ := json.MarshalIndent(p, "", "  ")
+	return append(b, '\n')
+}
+
+// VisibilityTimeout is the lease length.
+func (p *Policy) VisibilityTimeout() time.Duration {
+	return time.Duration(p.VisibilityTimeoutSec) * time.Second
+}
+
+// Backoff is the wait before retry number attempts (1 for the first retry).
+func (p *Policy) Backoff(attempts int) time.Duration {
+	d := p.Retry.InitialDelaySec
+	switch p.Retry.Backoff {
+	case "exponential":
+		for i := 1; i < attempts && d < p.Retry.MaxDelaySec; i++ {
+			d *= 2
+		}
+	case "linear":
+		d *= float64(attempts)
+	}
+	if d > p.Retry.MaxDelaySec {
+		d = p.Retry.MaxDelaySec
+	}
+	return time.Duration(d * float64(time.Second))
+}

@@ -1,0 +1,279 @@
+package queuecore
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// scheduler runs everything that happens at a time rather than on a
+// request: lease expiry, the end of a backoff or delay, and retention. One
+// goroutine and one timer for the whole core, armed for the earliest due
+// time the store knows; it sleeps when nothing is due.
+type scheduler struct {
+	c      *Core
+	kickCh chan struct{}
+
+	mu      sync.Mutex
+	armedAt time.Time // when the timer fires; zero when no timer is armed
+	timer   Timer
+}
+
+// dueBatch bounds the work of one commit of the scheduler.
+const dueBatch = 256
+
+// busyRetry is how soon the scheduler looks again at a due message that an
+// operation held (say, an ack racing the expiry).
+const busyRetry = 10 * time.Millisecond
+
+func newScheduler(c *Core) *scheduler {
+	return &scheduler{c: c, kickCh: make(chan struct{}, 1)}
+}
+
+// kick makes the scheduler look at the store now.
+func (s *scheduler) kick() {
+	select {
+	case s.kickCh <- struct{}{}:
+	default:
+	}
+}
+
+// wakeBy makes sure the scheduler wakes no later than t.
+func (s *scheduler) wakeBy(t time.Time) {
+	s.mu.Lock()
+	later := s.armedAt.IsZero() || t.Before(s.armedAt)
+	s.mu.Unlock()
+	if later {
+		s.kick()
+	}
+}
+
+func (s *scheduler) run() {
+	defer s.c.wg.Done()
+	for {
+		select {
+		case <-s.kickCh:
+		case <-s.c.done:
+			s.mu.Lock()
+			if s.timer != nil {
+				s.timer.Stop()
+			}
+			s.mu.Unlock()
+			return
+		}
+		next := s.work()
+		s.arm(next)
+	}
+}
+
+func (s *scheduler) arm(next time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.timer != nil {
+		s.timer.Stop()
+		s.timer = nil
+	}
+	s.armedAt = next
+	if next.IsZero() {
+		return
+	}
+	d := next.Sub(s.c.now())
+	if d < 0 {
+		d = 0
+	}
+	s.timer = s.c.clock.AfterFunc(d, s.kick)
+}
+
+// work does what is due and returns when to look again (zero: never,
+// until kicked).
+func (s *scheduler) work() time.Time {
+	c := s.c
+	ctx := context.Background()
+	now := c.now()
+	var next time.Time
+	soonest := func(t time.Time) {
+		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
+			next = t
+		}
+	}
+	busy := false
+	expired := 0
+	for {
+		due, err := c.store.Due(ctx, now, dueBatch)
+		if err != nil {
+			c.log.Error("scheduler: read due messages", logErr, err)
+			return now.Add(time.Second)
+		}
+		n, held := s.handleDue(ctx, due, now)
+		expired += n
+		busy = busy || held > 0
+		if len(due) < dueBatch || n == 0 {
+			break
+		}
+	}
+	if expired > 0 {
+		c.log.Debug("scheduler moved due messages", "count", expired)
+	}
+	for _, name := range c.QueueNames() {
+		q, err := c.queue(name)
+		if err != nil {
+			continue
+		}
+		t, held := s.retention(ctx, q, now)
+		soonest(t)
+		busy = busy || held
+	}
+	if t, ok, err := c.store.NextDue(ctx); err != nil {
+		c.log.Error("scheduler: read next due time", logErr, err)
+		soonest(now.Add(time.Second))
+	} else if ok {
+		soonest(t)
+	}
+	if busy {
+		soonest(now.Add(busyRetry))
+	}
+	return next
+}
+
+// tryClaim reserves one name without waiting.
+func tryClaim(cl claim) bool {
+	cl.q.mu.Lock()
+	defer cl.q.mu.Unlock()
+	if _, busy := cl.q.claims[cl.k]; busy || cl.q.deleted {
+		return false
+	}
+	cl.q.claims[cl.k] = make(chan struct{})
+	return true
+}
+
+// handleDue expires leases and ends backoffs of the due messages, in one
+// commit. It returns how many it moved and how many it skipped because an
+// operation held them.
+func (s *scheduler) handleDue(ctx context.Context, due []Message, now time.Time) (moved, held int) {
+	c := s.c
+	b := batch{byDaemon: true}
+	var claims []claim
+	expiredBy := map[*queue]int64{}
+	for _, m := range due {
+		q, err := c.queue(m.Queue)
+		if err != nil {
+			continue
+		}
+		cl := liveClaim(q, m.Name)
+		if !tryClaim(cl) {
+			held++
+			continue
+		}
+		claims = append(claims, cl)
+		// Look again under the claim: an extend or ack may have come first.
+		cur, err := c.store.Lookup(ctx, m.Queue, m.Name, false)
+		if err != nil || cur.ID != m.ID || cur.State != m.State || cur.Deadline.After(now) {
+			continue
+		}
+		p := policyOf(q)
+		switch cur.State {
+		case StateLeased:
+			c.failOps(q, cur, &p, now, ReasonLeaseExpired, "lease ran out at "+cur.Deadline.UTC().Format(time.RFC3339)+" without an ack", &b)
+			expiredBy[q]++
+		case StateDelayed:
+			old := cur
+			cur.State, cur.Seq, cur.StateAt, cur.Deadline = StateReady, c.newID(), now, time.Time{}
+			b.update(q, old, cur)
+		}
+		moved++
+	}
+	for q, n := range expiredBy {
+		b.count(func(time.Time) { q.counters.expired.Add(n) })
+	}
+	if err := c.commit(ctx, &b); err != nil {
+		c.log.Error("scheduler: commit expiries", logErr, err)
+		moved = 0
+	}
+	c.release(claims)
+	if len(expiredBy) > 0 {
+		total := int64(0)
+		for _, n := range expiredBy {
+			total += n
+		}
+		if total >= 10 {
+			c.log.Warn("lease expiry burst", "count", total)
+		}
+	}
+	return moved, held
+}
+
+// retention deletes archived and dead messages past their policy's
+// retention or count limit; it returns when the next one is due.
+func (s *scheduler) retention(ctx context.Context, q *queue, now time.Time) (next time.Time, held bool) {
+	c := s.c
+	q.mu.Lock()
+	p := q.policy
+	archived := q.gauges[StateArchived].N
+	q.mu.Unlock()
+	type rule struct {
+		state  State
+		keep   time.Duration // 0: no time limit
+		excess int64         // messages over the count limit
+	}
+	rules := []rule{{state: StateArchived, keep: time.Duration(p.Archive.RetentionSec) * time.Second}}
+	if p.Archive.MaxMessages > 0 && archived > p.Archive.MaxMessages {
+		rules[0].excess = archived - p.Archive.MaxMessages
+	}
+	rules = append(rules, rule{state: StateDead, keep: time.Duration(p.DLQ.RetentionDays) * 24 * time.Hour})
+	for _, r := range rules {
+		if r.keep == 0 && r.excess == 0 {
+			continue
+		}
+		for {
+			var victims []Message
+			var first time.Time
+			excess := r.excess
+			err := c.store.List(ctx, q.info.Name, r.state, func(m Message) bool {
+				if excess > 0 || (r.keep > 0 && !m.StateAt.Add(r.keep).After(now)) {
+					victims = append(victims, m)
+					excess--
+					return len(victims) < dueBatch
+				}
+				if r.keep > 0 {
+					first = m.StateAt.Add(r.keep)
+				}
+				return false
+			})
+			if err != nil {
+				c.log.Error("scheduler: read retention", logQueue, q.info.Name, logErr, err)
+				return now.Add(time.Second), false
+			}
+			if len(victims) == 0 {
+				if !first.IsZero() && (next.IsZero() || first.Before(next)) {
+					next = first
+				}
+				break
+			}
+			b := batch{byDaemon: true}
+			var claims []claim
+			for _, m := range victims {
+				cl := claim{q, claimKey{name: m.Name, archived: r.state == StateArchived}}
+				if !tryClaim(cl) {
+					held = true
+					continue
+				}
+				claims = append(claims, cl)
+				// Look again under the claim: the name may hold a newer message.
+				if cur, err := c.store.Lookup(ctx, q.info.Name, m.Name, r.state == StateArchived); err == nil && cur.ID == m.ID {
+					b.remove(q, cur)
+				}
+			}
+			err = c.commit(ctx, &b)
+			c.release(claims)
+			if err != nil {
+				c.log.Error("scheduler: retention commit", logQueue, q.info.Name, logErr, err)
+				return now.Add(time.Second), false
+			}
+			r.excess -= int64(len(b.ops))
+			if len(b.ops) == 0 {
+				break
+			}
+		}
+	}
+	return next, held
+}

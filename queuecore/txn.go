@@ -1,0 +1,159 @@
+package queuecore
+
+import (
+	"context"
+	"time"
+)
+
+// claim is a name reserved in a queue while an operation on it is under way.
+type claim struct {
+	q *queue
+	k claimKey
+}
+
+func liveClaim(q *queue, name string) claim { return claim{q, claimKey{name: name}} }
+func archivedClaim(q *queue, name string) claim {
+	return claim{q, claimKey{name: name, archived: true}}
+}
+
+// acquire reserves every claim or none. When a name is taken it lets go of
+// what it holds, waits for that name and starts over, so two operations
+// never wait on each other (no deadlock across queues).
+func (c *Core) acquire(ctx context.Context, claims []claim) error {
+retry:
+	for i, cl := range claims {
+		cl.q.mu.Lock()
+		if cl.q.deleted {
+			cl.q.mu.Unlock()
+			c.release(claims[:i])
+			return errQueueGone(cl.q)
+		}
+		if ch, busy := cl.q.claims[cl.k]; busy {
+			cl.q.mu.Unlock()
+			c.release(claims[:i])
+			select {
+			case <-ch:
+				goto retry
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-c.done:
+				return ErrClosed
+			}
+		}
+		cl.q.claims[cl.k] = make(chan struct{})
+		cl.q.mu.Unlock()
+	}
+	return nil
+}
+
+func (c *Core) release(claims []claim) {
+	for _, cl := range claims {
+		cl.q.mu.Lock()
+		if ch, ok := cl.q.claims[cl.k]; ok {
+			delete(cl.q.claims, cl.k)
+			close(ch)
+		}
+		if cl.q.waiting > 0 && !cl.k.archived {
+			// A blocked Next may have skipped this name while it was
+			// claimed (a publish not yet released): let it look again.
+			cl.q.wakeReaders()
+		}
+		cl.q.mu.Unlock()
+	}
+}
+
+// batch is the changes of one operation: store ops plus what to do to the
+// in-memory gauges and who to tell once the store has them.
+type batch struct {
+	ops      []Op
+	deltas   []gaugeDelta
+	events   []Event
+	counts   []func(now time.Time) // counter updates, run after the commit under q.mu-free context
+	byDaemon bool
+	deadline time.Time // earliest lease deadline or due time set; zero if none
+	kick     bool      // the scheduler must look again (retention)
+}
+
+type gaugeDelta struct {
+	q      *queue
+	s      State
+	n, sz  int64
+	wakeup bool
+}
+
+func (b *batch) insert(q *queue, m Message, body []byte, byDaemon bool) {
+	b.ops = append(b.ops, Op{Kind: OpInsert, Msg: m, Body: body})
+	b.deltas = append(b.deltas, gaugeDelta{q: q, s: m.State, n: 1, sz: m.Size})
+	b.events = append(b.events, Event{Queue: m.Queue, Name: m.Name, To: m.State, ByDaemon: b.byDaemon || byDaemon})
+	b.noteDeadline(m)
+}
+
+func (b *batch) update(q *queue, old, m Message) {
+	b.ops = append(b.ops, Op{Kind: OpUpdate, Msg: m})
+	if old.State != m.State {
+		b.deltas = append(b.deltas,
+			gaugeDelta{q: q, s: old.State, n: -1, sz: -old.Size},
+			gaugeDelta{q: q, s: m.State, n: 1, sz: m.Size})
+	}
+	b.events = append(b.events, Event{Queue: m.Queue, Name: m.Name, From: old.State, To: m.State, ByDaemon: b.byDaemon})
+	b.noteDeadline(m)
+}
+
+func (b *batch) remove(q *queue, old Message) {
+	b.ops = append(b.ops, Op{Kind: OpDelete, Msg: Message{ID: old.ID, Queue: old.Queue, Name: old.Name, State: old.State}})
+	b.deltas = append(b.deltas, gaugeDelta{q: q, s: old.State, n: -1, sz: -old.Size})
+	b.events = append(b.events, Event{Queue: old.Queue, Name: old.Name, From: old.State, ByDaemon: b.byDaemon})
+}
+
+func (b *batch) count(f func(now time.Time)) { b.counts = append(b.counts, f) }
+
+func (b *batch) noteDeadline(m Message) {
+	if (m.State == StateLeased || m.State == StateDelayed) && (b.deadline.IsZero() || m.Deadline.Before(b.deadline)) {
+		b.deadline = m.Deadline
+	}
+}
+
+// commit hands the batch to the store, with no lock held, and on success
+// updates gauges, counters, blocked readers, the scheduler and the
+// notifier. A cancelled ctx does not cancel the commit: a change the
+// caller asked for is never half done because a signal arrived.
+func (c *Core) commit(ctx context.Context, b *batch) error {
+	if len(b.ops) == 0 {
+		return nil
+	}
+	if err := c.store.Apply(context.WithoutCancel(ctx), b.ops); err != nil {
+		return err
+	}
+	now := c.now()
+	for _, d := range b.deltas {
+		d.q.mu.Lock()
+		g := &d.q.gauges[d.s]
+		wasEmpty := g.N == 0
+		g.N += d.n
+		g.Bytes += d.sz
+		if d.n > 0 && d.s == StateReady {
+			d.q.wakeReaders()
+		}
+		if d.n > 0 && wasEmpty && (d.s == StateDead || d.s == StateArchived) {
+			b.kick = true // the retention timer may have nothing to wait for yet
+		}
+		if d.s == StateArchived && d.q.policy.Archive.MaxMessages > 0 && g.N > d.q.policy.Archive.MaxMessages {
+			b.kick = true
+		}
+		d.q.mu.Unlock()
+	}
+	for _, f := range b.counts {
+		f(now)
+	}
+	if c.notify != nil {
+		for _, e := range b.events {
+			c.notify.Notify(e)
+		}
+	}
+	if b.kick {
+		c.sched.kick()
+	} else if !b.deadline.IsZero() {
+		c.sched.wakeBy(b.deadline)
+	}
+	return nil
+}
