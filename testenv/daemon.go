@@ -1,0 +1,280 @@
+package testenv
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// ReadyFDEnv is the variable through which the daemon is given a pipe to
+// write "ready\n" on once its mount serves (see cmd/yirangmq/mount.go).
+const ReadyFDEnv = "YIRANGMQ_READY_FD"
+
+var (
+	buildOnce sync.Once
+	buildPath string
+	buildErr  error
+)
+
+// Binary returns the path of a yirangmq binary built from this checkout
+// (once per test process), or $YIRANGMQ_BIN when set.
+func Binary(t testing.TB) string {
+	t.Helper()
+	if p := os.Getenv("YIRANGMQ_BIN"); p != "" {
+		return p
+	}
+	buildOnce.Do(func() {
+		_, file, _, _ := runtime.Caller(0)
+		root := filepath.Dir(filepath.Dir(file))
+		dir, err := os.MkdirTemp("", "yirangmq-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		buildPath = filepath.Join(dir, "yirangmq")
+		cmd := exec.Command("go", "build", "-o", buildPath, "./cmd/yirangmq")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return buildPath
+}
+
+// DaemonOptions say how to mount.
+type DaemonOptions struct {
+	Backend string   // sqlite (default) or fs
+	Sync    string   // full (default), normal or off
+	Store   string   // default: a new temporary directory
+	Args    []string // more flags for yirangmq mount
+}
+
+// Daemon is a yirangmq mount served by a child process.
+type Daemon struct {
+	Mountpoint string
+	Store      string
+	opts       DaemonOptions
+	bin        string
+	cmd        *exec.Cmd
+	log        *syncBuffer
+	exited     chan struct{}
+}
+
+// StartDaemon mounts a store in a new temporary directory with the daemon
+// as a child process, waits until it says ready (20 s at most), and makes
+// sure the mount goes away when the test ends, whatever happens.
+func StartDaemon(t testing.TB, opts DaemonOptions) *Daemon {
+	t.Helper()
+	if opts.Backend == "" {
+		opts.Backend = "sqlite"
+	}
+	if opts.Sync == "" {
+		opts.Sync = "full"
+	}
+	if opts.Store == "" {
+		opts.Store = filepath.Join(t.TempDir(), "store")
+	}
+	d := &Daemon{Mountpoint: filepath.Join(t.TempDir(), "mnt"), Store: opts.Store, opts: opts, bin: Binary(t)}
+	if err := os.MkdirAll(d.Mountpoint, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := d.Stop(); err != nil {
+			t.Errorf("stop daemon: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("daemon log:\n%s", d.Log())
+		}
+	})
+	if err := d.start(); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func (d *Daemon) start() error {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	args := append([]string{"mount", "--backend", d.opts.Backend, "--store", d.opts.Store, "--sync", d.opts.Sync}, d.opts.Args...)
+	args = append(args, d.Mountpoint)
+	d.cmd = exec.Command(d.bin, args...)
+	d.cmd.Env = append(os.Environ(), ReadyFDEnv+"=3")
+	d.cmd.ExtraFiles = []*os.File{w}
+	d.log = &syncBuffer{}
+	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := d.cmd.Start(); err != nil {
+		w.Close()
+		return err
+	}
+	w.Close()
+	d.exited = make(chan struct{})
+	go func() {
+		d.cmd.Wait()
+		close(d.exited)
+	}()
+	ready := make(chan bool, 1)
+	go func() {
+		line, _ := bufio.NewReader(r).ReadString('\n')
+		ready <- line == "ready\n"
+	}()
+	select {
+	case ok := <-ready:
+		if !ok {
+			<-d.exited
+			return fmt.Errorf("daemon stopped before it was ready:\n%s", d.Log())
+		}
+		return nil
+	case <-time.After(20 * time.Second):
+		d.Kill()
+		return fmt.Errorf("daemon not ready after 20 s:\n%s", d.Log())
+	}
+}
+
+// Log is what the daemon printed so far.
+func (d *Daemon) Log() string { return d.log.String() }
+
+// Pid is the daemon's process id.
+func (d *Daemon) Pid() int { return d.cmd.Process.Pid }
+
+// Path joins elements to the mountpoint.
+func (d *Daemon) Path(elem ...string) string {
+	return filepath.Join(append([]string{d.Mountpoint}, elem...)...)
+}
+
+// Stop sends SIGTERM and waits for a clean unmount; past 10 s it kills the
+// daemon. Either way the mountpoint is unmounted when Stop returns.
+func (d *Daemon) Stop() error {
+	if d.cmd == nil || d.cmd.Process == nil {
+		return nil
+	}
+	var err error
+	select {
+	case <-d.exited:
+	default:
+		d.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-d.exited:
+		case <-time.After(10 * time.Second):
+			err = errors.New("daemon did not stop within 10 s of SIGTERM; killed")
+			d.cmd.Process.Kill()
+			<-d.exited
+		}
+	}
+	if uerr := Unmount(d.Mountpoint); uerr != nil && err == nil {
+		err = uerr
+	}
+	return err
+}
+
+// Kill kills the daemon with SIGKILL, as a crash would, and detaches the
+// dead mount it leaves behind.
+func (d *Daemon) Kill() {
+	if d.cmd == nil || d.cmd.Process == nil {
+		return
+	}
+	d.cmd.Process.Kill()
+	<-d.exited
+	_ = Unmount(d.Mountpoint)
+}
+
+// Restart starts the daemon again on the same store and mountpoint.
+func (d *Daemon) Restart(t testing.TB) {
+	t.Helper()
+	if err := d.start(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Unmount unmounts mp if it is mounted: normally first, lazily when busy
+// or dead, retrying for a while.
+func Unmount(mp string) error {
+	for i := 0; i < 50; i++ {
+		if !IsMounted(mp) {
+			return nil
+		}
+		flags := 0
+		if i >= 5 {
+			flags = unix.MNT_DETACH
+		}
+		if err := unix.Unmount(mp, flags); err == nil || errors.Is(err, unix.EINVAL) {
+			continue
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if IsMounted(mp) {
+		return fmt.Errorf("%s is still mounted", mp)
+	}
+	return nil
+}
+
+// IsMounted reports whether mp is a mountpoint in /proc/mounts.
+func IsMounted(mp string) bool {
+	b, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 1 && unescapeMount(f[1]) == mp {
+			return true
+		}
+	}
+	return false
+}
+
+// CleanLeftoverMounts detaches yirangmq mounts below the temporary
+// directory that an earlier, killed test run left behind.
+func CleanLeftoverMounts() {
+	b, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		return
+	}
+	tmp := os.TempDir()
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 2 && f[2] == "fuse.yirangmq" && strings.HasPrefix(unescapeMount(f[1]), tmp) {
+			_ = unix.Unmount(unescapeMount(f[1]), unix.MNT_DETACH)
+		}
+	}
+}
+
+func unescapeMount(s string) string {
+	return strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(s)
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer and a reader at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
