@@ -27,7 +27,7 @@ fuzz:
 
 # The main job on the embedded default store (SQLite).
 demo: build
-	./$(BIN) demo --store var/demo
+	BIN=$(BIN) scripts/demo.sh
 
 # Benchmarks of the queue core on both stores, against a goqite-style
 # baseline, in one run. BENCHTIME=2s for steadier figures.

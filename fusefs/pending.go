@@ -60,8 +60,7 @@ func (n *msgNode) commit(ctx context.Context) syscall.Errno {
 	case err == nil:
 		n.pend = nil // from now on the node is the message
 	case errors.As(err, &ve) && ve.Kept:
-		n.pend = nil // the message lives on in dlq/; close(2) says EINVAL
-		n.fsys.log.Warn("publish rejected", "queue", n.queue, "name", n.name, "reason", ve.Reason)
+		n.pend = nil // the message lives on in dlq/; close(2) says EINVAL (the core logged why)
 	default:
 		n.fsys.log.Warn("publish failed", "queue", n.queue, "name", n.name, "err", err)
 	}

@@ -208,8 +208,7 @@ func (n *policyNode) commit(ctx context.Context, w *policyWriter) syscall.Errno 
 	}
 	w.done = true
 	if err := n.fsys.core.SetPolicy(ctx, n.queue, w.buf); err != nil {
-		n.fsys.log.Warn("policy rejected", "queue", n.queue, "err", err)
-		return errnoOf(err)
+		return errnoOf(err) // the core logged why
 	}
 	n.fsys.log.Info("policy replaced", "queue", n.queue)
 	return 0

@@ -58,8 +58,9 @@ type Core struct {
 
 	lastID atomic.Uint64 // last message ID or Seq handed out
 
-	mu     sync.Mutex // guards queues
-	queues map[string]*queue
+	mu       sync.Mutex // guards queues and creating; never held across a commit
+	queues   map[string]*queue
+	creating map[string]bool // names of queues being created
 
 	sched  *scheduler
 	closed atomic.Bool
@@ -79,7 +80,7 @@ func Open(ctx context.Context, store Store, opts Options) (*Core, error) {
 	}
 	c := &Core{
 		store: store, clock: opts.Clock, notify: opts.Notifier, log: opts.Logger, opts: opts,
-		queues: map[string]*queue{}, done: make(chan struct{}),
+		queues: map[string]*queue{}, creating: map[string]bool{}, done: make(chan struct{}),
 	}
 	c.started = c.clock.Now()
 	maxID, err := store.MaxID(ctx)
@@ -185,17 +186,27 @@ func (c *Core) CreateQueue(ctx context.Context, name string, uid, gid, mode uint
 	if c.closed.Load() {
 		return ErrClosed
 	}
+	// Reserve the name, then commit with no lock held: c.mu is taken by
+	// every operation of every queue, so it must never wait on an fsync.
 	c.mu.Lock()
-	defer c.mu.Unlock() // queue creation is rare: holding c.mu across the commit keeps names unique
-	if c.queues[name] != nil {
+	if c.queues[name] != nil || c.creating[name] {
+		c.mu.Unlock()
 		return fmt.Errorf("queue %q: %w", name, ErrExists)
 	}
+	c.creating[name] = true
+	c.mu.Unlock()
 	p := DefaultPolicy()
 	info := QueueInfo{Name: name, Policy: p.JSON(), UID: uid, GID: gid, Mode: mode & 0o7777, CreatedAt: c.now()}
-	if err := c.store.PutQueue(context.WithoutCancel(ctx), info); err != nil {
+	err := c.store.PutQueue(context.WithoutCancel(ctx), info)
+	c.mu.Lock()
+	delete(c.creating, name)
+	if err == nil {
+		c.queues[name] = newQueue(info, p)
+	}
+	c.mu.Unlock()
+	if err != nil {
 		return fmt.Errorf("create queue %q: %w", name, err)
 	}
-	c.queues[name] = newQueue(info, p)
 	c.log.Info("queue created", logQueue, name)
 	return nil
 }
@@ -268,17 +279,19 @@ func (c *Core) Policy(name string) (Policy, error) {
 // document is an *InputError and leaves the old policy in place.
 func (c *Core) SetPolicy(ctx context.Context, name string, data []byte) error {
 	p, err := ParsePolicy(data)
+	for _, f := range p.Fanout {
+		if err != nil {
+			break
+		}
+		if f == name {
+			err = &InputError{Field: "policy field fanout", Msg: "a queue cannot fan out to itself"}
+		} else if _, qerr := c.queue(f); qerr != nil {
+			err = &InputError{Field: "policy field fanout", Msg: "no queue named " + quote(f)}
+		}
+	}
 	if err != nil {
 		c.log.Warn("policy rejected", logQueue, name, logErr, err)
 		return err
-	}
-	for _, f := range p.Fanout {
-		if f == name {
-			return &InputError{Field: "policy field fanout", Msg: "a queue cannot fan out to itself"}
-		}
-		if _, err := c.queue(f); err != nil {
-			return &InputError{Field: "policy field fanout", Msg: "no queue named " + quote(f)}
-		}
 	}
 	q, err := c.queue(name)
 	if err != nil {

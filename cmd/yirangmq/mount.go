@@ -127,7 +127,7 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 		}
 		<-served
 	case <-served:
-		log.Info("unmounted from outside", "mountpoint", mountpoint)
+		log.Info("unmounted by umount", "mountpoint", mountpoint)
 	}
 	log.Info("stopped", "mountpoint", mountpoint)
 	return nil

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# make demo: mount a fresh SQLite store under ./var/demo and use it the way
+# a device's shell scripts would. Everything it does is shown as it runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-bin/yirangmq}
+VAR=$PWD/var/demo
+MNT=$VAR/mnt
+STORE=$VAR/store
+
+cleanup() {
+	if grep -qs " $MNT " /proc/mounts; then "$BIN" umount "$MNT" 2>/dev/null || "$BIN" umount --lazy "$MNT" || true; fi
+}
+trap cleanup EXIT
+cleanup
+rm -rf "$VAR" && mkdir -p "$MNT"
+
+say() { printf '\n\033[1m## %s\033[0m\n' "$*"; }
+run() { printf '$ %s\n' "$*"; eval "$@"; }
+
+say "Mount a SQLite store (the daemon returns once the mount is ready)"
+run "$BIN" mount --daemon --backend sqlite --store "$STORE" --sync full "$MNT"
+cd "$MNT"
+
+say "A queue is a directory"
+run mkdir jobs
+run ls jobs
+run 'echo '"'"'{"format": "json", "retry": {"limit": 1, "initialDelaySec": 0}}'"'"' > jobs/.policy'
+
+say "Publish: write a file in inbox/ (committed at close)"
+run 'for i in 1 2 3; do echo "{\"job\": $i}" > jobs/inbox/job-$i.json; done'
+run 'echo "{not json" > jobs/inbox/broken.json || true'
+run ls -l jobs/inbox jobs/dlq
+run getfattr -n user.yirangmq.reason --only-values jobs/dlq/broken.json; echo
+
+say "Consume with plain file operations: lease with mv, ack with rm"
+run mv jobs/inbox/job-1.json jobs/processing/
+run cat jobs/processing/job-1.json
+run rm jobs/processing/job-1.json
+run ls jobs/archive
+
+say "Consume without polling: .next blocks until it can lease"
+run 'm=$(cat jobs/.next) && echo "leased $m: $(cat jobs/$m)" && rm jobs/$m'
+
+say "A consumer that fails: nack twice, then the message is dead-lettered"
+run 'for try in 1 2; do m=$(cat jobs/.next) && setfattr -n user.yirangmq.reason -v HANDLER_FAILED jobs/$m && mv jobs/$m jobs/inbox/; done'
+run ls jobs/dlq
+run getfattr -d jobs/dlq/job-3.json
+
+say "Redrive it, and consume it for good"
+run mv jobs/dlq/job-3.json jobs/inbox/
+run 'm=$(cat jobs/.next) && rm jobs/$m'
+
+say "Stats"
+run cat jobs/.stats
+
+cd - >/dev/null
+say "Unmount"
+run "$BIN" umount "$MNT"
