@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -117,6 +118,12 @@ func (f *FS) Mount(core *queuecore.Core, mountpoint string) (*fuse.Server, error
 		Options:          []string{"nodev", "nosuid", "noexec"},
 		Debug:            f.opts.Debug,
 		MaxBackground:    64,
+		// A bug in a handler must not take the queues down: log it with
+		// its stack and answer that request with EIO.
+		PanicHandler: func(r any) fuse.Status {
+			f.log.Error("panic in a request handler, answered EIO", "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			return fuse.EIO
+		},
 	}
 	if f.opts.AllowOther {
 		mo.Options = append(mo.Options, "default_permissions")

@@ -269,7 +269,9 @@ func (n *msgNode) Flush(ctx context.Context, fh fs.FileHandle) syscall.Errno {
 	}
 	n.mu.Lock()
 	p := n.pend
-	ready := p != nil && !p.draft && !p.done && p.written
+	// A file refused with EFBIG is settled at its creator's close too, even
+	// when no write succeeded, so that close(2) reports the EFBIG.
+	ready := p != nil && !p.draft && !p.done && (p.written || p.tooBig)
 	var creator uint32
 	if p != nil {
 		creator = p.creator
@@ -281,7 +283,19 @@ func (n *msgNode) Flush(ctx context.Context, fh fs.FileHandle) syscall.Errno {
 	if _, _, pid := caller(ctx); threadGroup(pid) != creator {
 		return 0 // a child that inherited the descriptor; the creator's close commits
 	}
-	return n.commit(ctx)
+	errno, stale := n.settle(ctx)
+	if stale {
+		// Invalidate before close(2) returns, not from the notifier
+		// goroutine: the CREATE reply let the kernel cache inbox/NAME (and
+		// its attributes) for the entry timeout, so a `test -f inbox/NAME`
+		// right after the close would otherwise still see a message that
+		// went to delayed/ or dlq/, or was dropped. This is safe here:
+		// close(2) holds no directory lock while it waits for FLUSH, and
+		// settle has let go of n.mu, which a LOOKUP of this very name (that
+		// holds inbox/'s lock, which the invalidation needs) may wait for.
+		n.fsys.invalidate(n.queue, queuecore.StateReady, n.name)
+	}
+	return errno
 }
 
 var _ = (fs.NodeReleaser)((*msgNode)(nil))

@@ -40,16 +40,40 @@ type pending struct {
 // release commit.
 type writeHandle struct{}
 
-// commit publishes the file. It runs once; a second call returns 0.
+// commit publishes the file. It runs once; a second call returns 0. The
+// kernel's entry inbox/NAME is invalidated from the notifier goroutine when
+// it no longer stands for a ready message; Flush, which may wait for the
+// kernel, uses settle and invalidates before close(2) returns.
 func (n *msgNode) commit(ctx context.Context) syscall.Errno {
+	errno, stale := n.settle(ctx)
+	if stale {
+		n.fsys.queueInvalidation(queuecore.Event{Queue: n.queue, Name: n.name, To: queuecore.StateReady})
+	}
+	return errno
+}
+
+// settle publishes (or refuses) the file and reports whether the kernel's
+// dentry inbox/NAME is now stale: the message went to delayed/ or dlq/, or
+// nowhere (refused, deduplicated).
+func (n *msgNode) settle(ctx context.Context) (errno syscall.Errno, stale bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	p := n.pend
 	if p == nil || p.done {
-		return 0
+		return 0, false
 	}
 	p.done = true
 	n.fsys.dropPending(n.queue, n.name, n)
+	if p.tooBig {
+		// A write past maxMessageBytes already failed with EFBIG: what was
+		// written before it (or nothing at all) is not the producer's
+		// message, so committing it would publish a half or empty message.
+		// Drop the file and fail the close too, for a producer that only
+		// checks close(2).
+		n.fsys.log.Warn("message dropped: a write went past maxMessageBytes", "queue", n.queue, "name", n.name, "limit", p.limit)
+		p.buf = nil
+		return syscall.EFBIG, true
+	}
 	res, err := n.fsys.core.Publish(ctx, n.queue, n.name, p.buf, queuecore.PublishOptions{
 		UID: p.uid, GID: p.gid, Delay: p.delay, DedupKey: p.dedupKey, ID: n.id,
 	})
@@ -64,13 +88,11 @@ func (n *msgNode) commit(ctx context.Context) syscall.Errno {
 	default:
 		n.fsys.log.Warn("publish failed", "queue", n.queue, "name", n.name, "err", err)
 	}
-	if err != nil || res.Message.State != queuecore.StateReady {
-		// The kernel believes inbox/NAME holds this file: tell it to look
-		// again (the message is in delayed/ or dlq/, or nowhere).
-		n.fsys.queueInvalidation(queuecore.Event{Queue: n.queue, Name: n.name, To: queuecore.StateReady})
-	}
+	// The kernel believes inbox/NAME holds this file: when the message is
+	// in delayed/ or dlq/, or nowhere, it must look again.
+	stale = err != nil || res.Message.State != queuecore.StateReady
 	p.buf = nil
-	return errnoOf(err)
+	return errnoOf(err), stale
 }
 
 // discard drops a file being written or a draft (rm before commit).

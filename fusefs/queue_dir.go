@@ -62,6 +62,9 @@ func (q *queueNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetA
 var _ = (fs.NodeLookuper)((*queueNode)(nil))
 
 func (q *queueNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if nameTooLong(name) {
+		return nil, syscall.ENAMETOOLONG // see names.go
+	}
 	info, err := q.fsys.core.QueueInfo(q.queue)
 	if err != nil {
 		return nil, errnoOf(err)
@@ -170,19 +173,24 @@ func (q *queueNode) Mknod(ctx context.Context, name string, mode uint32, dev uin
 	return nil, syscall.EPERM
 }
 
-// invalidateQueueAttrs tells the kernel that a queue directory and its
-// state directories changed owner or mode.
+// invalidateQueueAttrs tells the kernel that a queue directory's state
+// directories changed owner or mode with it.
+//
+// It runs inside the queue directory's Setattr, before chmod/chown
+// returns: from a goroutine, `chmod 0777 Q && ls Q/inbox` could still be
+// refused on the state directory's old mode for a moment (default
+// permissions are checked on the kernel's cached attributes). An attribute
+// invalidation (offset < 0) takes no inode lock in the kernel, so sending
+// it for other inodes from this handler is safe. The queue directory's own
+// attributes need no notification: the SETATTR reply carries them.
 func (f *FS) invalidateQueueAttrs(queue string) {
 	qdir := f.root.GetChild(queue)
 	if qdir == nil {
 		return
 	}
-	go func() { // never from inside the handler of the same inode
-		qdir.NotifyContent(-1, 0) // attributes only
-		for _, s := range queuecore.States {
-			if d := qdir.GetChild(s.Dir()); d != nil {
-				d.NotifyContent(-1, 0)
-			}
+	for _, s := range queuecore.States {
+		if d := qdir.GetChild(s.Dir()); d != nil {
+			d.NotifyContent(-1, 0) // attributes only
 		}
-	}()
+	}
 }

@@ -25,6 +25,9 @@ func (r *rootNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.Attr
 var _ = (fs.NodeLookuper)((*rootNode)(nil))
 
 func (r *rootNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if nameTooLong(name) {
+		return nil, syscall.ENAMETOOLONG // see names.go
+	}
 	switch name {
 	case ".stats":
 		n := &statsNode{fsys: r.fsys}

@@ -38,6 +38,9 @@ func (d *stateDir) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.Attr
 var _ = (fs.NodeLookuper)((*stateDir)(nil))
 
 func (d *stateDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if nameTooLong(name) {
+		return nil, syscall.ENAMETOOLONG // see names.go
+	}
 	if d.state == queuecore.StateReady {
 		if p := d.fsys.pendingFile(d.queue, name); p != nil {
 			p.fillAttr(ctx, &out.Attr)
@@ -57,7 +60,14 @@ func (d *stateDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 func (d *stateDir) messageInode(ctx context.Context, m queuecore.Message, out *fuse.EntryOut) *fs.Inode {
 	n := &msgNode{fsys: d.fsys, queue: d.queue, name: m.Name, id: m.ID}
 	fillMessage(&out.Attr, m)
-	return d.NewInode(ctx, n, fs.StableAttr{Mode: syscall.S_IFREG, Ino: msgIno(m.ID)})
+	// One kernel inode per placement of a message: st_ino stays msgIno(ID)
+	// for its whole life, but Gen changes with every transition (StateAt).
+	// vfs_rename answers a rename between two names of one inode with 0
+	// without asking us, so with one inode for all placements, a kernel
+	// still caching inbox/NAME after a .next lease made `mv inbox/NAME
+	// processing/` "succeed" for a message another consumer held
+	// (testenv/torture, TestRenameLeaseRace).
+	return d.NewInode(ctx, n, fs.StableAttr{Mode: syscall.S_IFREG, Ino: msgIno(m.ID), Gen: uint64(m.StateAt.UnixNano())})
 }
 
 var _ = (fs.NodeReaddirer)((*stateDir)(nil))

@@ -61,6 +61,11 @@ func (s *scheduler) run() {
 			s.mu.Unlock()
 			return
 		}
+		// While work runs, every new deadline must kick again: it may come
+		// after work read the store's next due time.
+		s.mu.Lock()
+		s.armedAt = time.Time{}
+		s.mu.Unlock()
 		next := s.work()
 		s.arm(next)
 	}

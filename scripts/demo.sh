@@ -3,7 +3,7 @@
 # a device's shell scripts would. Everything it does is shown as it runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=${BIN:-bin/yirangmq}
+BIN=$(realpath "${BIN:-bin/yirangmq}")
 VAR=$PWD/var/demo
 MNT=$VAR/mnt
 STORE=$VAR/store
@@ -19,7 +19,7 @@ say() { printf '\n\033[1m## %s\033[0m\n' "$*"; }
 run() { printf '$ %s\n' "$*"; eval "$@"; }
 
 say "Mount a SQLite store (the daemon returns once the mount is ready)"
-run "$BIN" mount --daemon --backend sqlite --store "$STORE" --sync full "$MNT"
+run "$BIN" mount --daemon --backend sqlite --store "$STORE" --sync full --log-file "$VAR/daemon.log" "$MNT"
 cd "$MNT"
 
 say "A queue is a directory"
@@ -42,18 +42,32 @@ run ls jobs/archive
 say "Consume without polling: .next blocks until it can lease"
 run 'm=$(cat jobs/.next) && echo "leased $m: $(cat jobs/$m)" && rm jobs/$m'
 
-say "A consumer that fails: nack twice, then the message is dead-lettered"
-run 'for try in 1 2; do m=$(cat jobs/.next) && setfattr -n user.yirangmq.reason -v HANDLER_FAILED jobs/$m && mv jobs/$m jobs/inbox/; done'
-run ls jobs/dlq
-run getfattr -d jobs/dlq/job-3.json
+say "Publish more with the command line (draft + rename, unique names)"
+run 'printf '"'"'{"job": 4}'"'"' | "$BIN" publish --mount "$MNT" --queue jobs'
+run 'printf '"'"'{"job": 5, "fail": true}'"'"' | "$BIN" publish --mount "$MNT" --queue jobs'
 
-say "Redrive it, and consume it for good"
-run mv jobs/dlq/job-3.json jobs/inbox/
-run 'm=$(cat jobs/.next) && rm jobs/$m'
+say "yirangmq consume: runs a handler per message; exit 0 acks, anything else nacks"
+cat > "$VAR/handler.sh" <<'HANDLER'
+#!/bin/sh
+body=$(cat)
+case "$body" in *'"fail": true'*) echo "cannot handle $body" >&2; exit 3;; esac
+echo "handled $body"
+HANDLER
+chmod +x "$VAR/handler.sh"
+run '"$BIN" consume --mount "$MNT" --queue jobs --drain -- "$VAR/handler.sh"'
 
-say "Stats"
+say "The failing message spent its retries and is in dlq/ with the reason"
+run '"$BIN" dlq list --mount "$MNT" --queue jobs'
+run getfattr -d jobs/dlq/*-000-*
+
+say "Redrive it and look at the queues"
+run '"$BIN" dlq requeue --mount "$MNT" --queue jobs --filter reasonCode=HANDLER_FAILED'
+run '"$BIN" status --mount "$MNT"'
 run cat jobs/.stats
 
 cd - >/dev/null
 say "Unmount"
 run "$BIN" umount "$MNT"
+say "What the daemon logged ($VAR/daemon.log)"
+sleep 0.2
+cat "$VAR/daemon.log"

@@ -241,8 +241,10 @@ func IsMounted(mp string) bool {
 	return false
 }
 
-// CleanLeftoverMounts detaches yirangmq mounts below the temporary
-// directory that an earlier, killed test run left behind.
+// CleanLeftoverMounts detaches dead yirangmq mounts below the temporary
+// directory that an earlier, killed test run left behind. Live mounts are
+// left alone: they belong to test processes running now (go test runs
+// packages in parallel).
 func CleanLeftoverMounts() {
 	b, err := os.ReadFile("/proc/self/mounts")
 	if err != nil {
@@ -251,7 +253,11 @@ func CleanLeftoverMounts() {
 	tmp := os.TempDir()
 	for _, line := range strings.Split(string(b), "\n") {
 		f := strings.Fields(line)
-		if len(f) > 2 && f[2] == "fuse.yirangmq" && strings.HasPrefix(unescapeMount(f[1]), tmp) {
+		if len(f) < 3 || f[2] != "fuse.yirangmq" || !strings.HasPrefix(unescapeMount(f[1]), tmp) {
+			continue
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(unescapeMount(f[1]), &st); errors.Is(err, unix.ENOTCONN) {
 			_ = unix.Unmount(unescapeMount(f[1]), unix.MNT_DETACH)
 		}
 	}

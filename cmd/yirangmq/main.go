@@ -32,8 +32,14 @@ func commands() []command {
 	return []command{
 		{"mount", "mount a store as a filesystem of queues", runMount},
 		{"umount", "unmount a yirangmq mount", runUmount},
+		{"publish", "publish files or stdin to a queue (draft, then rename)", runPublish},
+		{"consume", "run a command for every message of a queue; exit 0 acks", runConsume},
+		{"status", "show the queues of a mount (--watch redraws)", runStatus},
+		{"dlq", "list, requeue or purge a queue's dead letters", runDlq},
+		{"pause", "stop a queue's deliveries (publishing goes on)", runPause},
+		{"resume", "restart a paused queue's deliveries", runResume},
+		{"drain", "wait until a queue has nothing ready, in flight or delayed", runDrain},
 		{"version", "print the version", runVersion},
-		{"demo", "publish, lease, ack and dead-letter on a SQLite store, then print stats", runDemo},
 	}
 }
 

@@ -25,6 +25,7 @@ const readyFDEnv = "YIRANGMQ_READY_FD"
 
 type mountFlags struct {
 	backend, store, sync, logFormat string
+	logFile                         string
 	options                         []string
 	daemon, debug                   bool
 	entryTimeout                    time.Duration
@@ -43,6 +44,7 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	fl.StringSliceVarP(&f.options, "options", "o", nil, "mount options: allow_other, backend=, sync=, store= (others of mount(8) are accepted and ignored)")
 	fl.BoolVar(&f.daemon, "daemon", false, "return once the mount is ready, leaving the daemon in the background")
 	fl.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
+	fl.StringVar(&f.logFile, "log-file", "", "append the log to this file instead of stderr (with --daemon: STORE/yirangmq.log by default)")
 	fl.BoolVar(&f.debug, "debug", false, "log every FUSE request")
 	fl.DurationVar(&f.entryTimeout, "cache-timeout", time.Second, "how long the kernel may cache names and attributes")
 	if ok, err := parseFlags(env, fl, args); !ok {
@@ -80,9 +82,24 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 		return err
 	}
 	if f.daemon {
-		return startDaemon(ctx, env, args)
+		if f.logFile == "" {
+			f.logFile = filepath.Join(f.store, "yirangmq.log")
+		}
+		return startDaemon(ctx, env, args, f.logFile)
 	}
-	log, err := newLogger(f.logFormat, f.debug)
+	logOut := env.stderr
+	if f.logFile != "" {
+		if err := os.MkdirAll(filepath.Dir(f.logFile), 0o700); err != nil {
+			return err
+		}
+		lf, err := os.OpenFile(f.logFile, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+		if err != nil {
+			return fmt.Errorf("open log file: %w", err)
+		}
+		defer lf.Close()
+		logOut = lf
+	}
+	log, err := newLogger(logOut, f.logFormat, f.debug)
 	if err != nil {
 		return err
 	}
@@ -150,15 +167,18 @@ func signalReady() {
 	os.Unsetenv(readyFDEnv)
 }
 
-// startDaemon runs the same mount in a background child and returns once
-// it says ready, or with its error output if it stops first.
-func startDaemon(ctx context.Context, env *cliEnv, args []string) error {
+// startDaemon runs the same mount in a background child that logs to
+// logFile, and returns once it says ready, or with the end of its log if it
+// stops first. The child holds none of our descriptors, so a pipeline
+// around `yirangmq mount --daemon` ends when this command does.
+func startDaemon(ctx context.Context, env *cliEnv, args []string, logFile string) error {
 	var childArgs []string
 	for _, a := range args {
 		if a != "--daemon" {
 			childArgs = append(childArgs, a)
 		}
 	}
+	childArgs = append([]string{"--log-file", logFile}, childArgs...)
 	self, err := os.Executable()
 	if err != nil {
 		return err
@@ -171,8 +191,7 @@ func startDaemon(ctx context.Context, env *cliEnv, args []string) error {
 	cmd := exec.Command(self, append([]string{"mount"}, childArgs...)...)
 	cmd.Env = append(os.Environ(), readyFDEnv+"=3")
 	cmd.ExtraFiles = []*os.File{w}
-	cmd.Stdout = nil
-	cmd.Stderr = env.stderr
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, nil, nil // /dev/null
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		w.Close()
@@ -189,15 +208,25 @@ func startDaemon(ctx context.Context, env *cliEnv, args []string) error {
 	case ok := <-got:
 		if !ok {
 			cmd.Wait()
-			return errors.New("the daemon stopped before the mount was ready (see its messages above)")
+			return fmt.Errorf("the daemon stopped before the mount was ready; the end of %s:\n%s", logFile, logTail(logFile, 10))
 		}
 		fmt.Fprintf(env.stdout, "yirangmq: mounted, daemon pid %d\n", cmd.Process.Pid)
 		_ = cmd.Process.Release()
 		return nil
 	case <-time.After(30 * time.Second):
 		cmd.Process.Kill()
-		return errors.New("the daemon was not ready after 30 s")
+		return fmt.Errorf("the daemon was not ready after 30 s; the end of %s:\n%s", logFile, logTail(logFile, 10))
 	}
+}
+
+// logTail returns the last n lines of a log file.
+func logTail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "(" + err.Error() + ")"
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // detachDeadMount lazily unmounts a mountpoint left behind by a crashed

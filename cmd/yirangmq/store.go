@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -41,8 +42,8 @@ func openStore(ctx context.Context, backend, dir string, sync queuecore.SyncMode
 	return nil, fmt.Errorf("unknown backend %q: use sqlite or fs", backend)
 }
 
-// newLogger makes the daemon's logger: text (default) or json on stderr.
-func newLogger(format string, debug bool) (*slog.Logger, error) {
+// newLogger makes the daemon's logger: text (default) or json on out.
+func newLogger(out io.Writer, format string, debug bool) (*slog.Logger, error) {
 	level := slog.LevelInfo
 	if debug {
 		level = slog.LevelDebug
@@ -50,9 +51,9 @@ func newLogger(format string, debug bool) (*slog.Logger, error) {
 	opts := &slog.HandlerOptions{Level: level}
 	switch format {
 	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+		return slog.New(slog.NewTextHandler(out, opts)), nil
 	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+		return slog.New(slog.NewJSONHandler(out, opts)), nil
 	}
 	return nil, fmt.Errorf("--log-format must be text or json, not %q", format)
 }

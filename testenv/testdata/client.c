@@ -11,6 +11,11 @@
  *   client write-policy PATH DATA   open(O_WRONLY|O_TRUNC), write, close
  *   client rename FROM TO           rename(2)
  *   client stat32 PATH              stat(2) and whether st_ino fits in 32 bits
+ *   client setxattr PATH NAME VALUE setxattr(2)
+ *   client getxattr PATH NAME       getxattr(2), and the value
+ *   client publish-hold PATH DATA   create and write, print "held", wait for a
+ *                                   line on stdin, then close: a test can act on
+ *                                   the file while it is still open for writing
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -20,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -40,6 +46,12 @@ static const char *ename(int e) {
 	case ENOTEMPTY: return "ENOTEMPTY";
 	case EDQUOT: return "EDQUOT";
 	case ENAMETOOLONG: return "ENAMETOOLONG";
+	case ENOTSUP: return "ENOTSUP";
+	case ENODATA: return "ENODATA";
+	case ERANGE: return "ERANGE";
+	case ENOTDIR: return "ENOTDIR";
+	case EISDIR: return "EISDIR";
+	case EXDEV: return "EXDEV";
 	}
 	static char buf[32];
 	snprintf(buf, sizeof buf, "E%d", e);
@@ -149,6 +161,32 @@ int main(int argc, char **argv) {
 		struct stat st;
 		if (report("stat", stat(path, &st)) < 0) return 1;
 		printf("ino=%llu fits32=%d\n", (unsigned long long)st.st_ino, st.st_ino <= 0xffffffffULL);
+		return 0;
+	}
+	if (!strcmp(cmd, "setxattr")) {
+		if (argc < 5) { fprintf(stderr, "usage: client setxattr PATH NAME VALUE\n"); return 2; }
+		report("setxattr", setxattr(path, arg, argv[4], strlen(argv[4]), 0));
+		return 0;
+	}
+	if (!strcmp(cmd, "getxattr")) {
+		char val[1024];
+		ssize_t n = getxattr(path, arg, val, sizeof val - 1);
+		report("getxattr", n);
+		if (n >= 0) {
+			val[n] = 0;
+			printf("value=%s\n", val);
+		}
+		return 0;
+	}
+	if (!strcmp(cmd, "publish-hold")) {
+		int fd = report("open", open(path, O_CREAT | O_EXCL | O_WRONLY, 0644));
+		if (fd < 0) return 1;
+		report("write", write(fd, arg, strlen(arg)));
+		printf("held\n");
+		fflush(stdout);
+		char line[64];
+		if (!fgets(line, sizeof line, stdin)) { /* EOF: close all the same */ }
+		report("close", close(fd));
 		return 0;
 	}
 	fprintf(stderr, "unknown command %s\n", cmd);

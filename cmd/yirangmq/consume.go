@@ -1,0 +1,551 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
+)
+
+// runConsume runs a command for every message of a queue, through the
+// mount: a worker leases with a read of QUEUE/.next, runs the handler with
+// the body on stdin, touches the message while the handler runs (the
+// lease's heartbeat), and acks (unlink) on exit 0 or nacks (rename back to
+// inbox/, reason HANDLER_FAILED) otherwise.
+//
+// SIGINT or SIGTERM stops it cleanly: no new lease is taken (blocked .next
+// reads are interrupted), running handlers get the signal and are waited
+// for, and every lease ends acked or nacked.
+func runConsume(ctx context.Context, env *cliEnv, args []string) error {
+	fl := pflag.NewFlagSet("consume", pflag.ContinueOnError)
+	clientUsage(fl, "consume [--mount M] --queue Q [--concurrency N] [--max-messages K] [--drain] -- COMMAND [ARGS]",
+		"Runs COMMAND for every message of the queue, with the body on stdin and the\nmessage's path in $YIRANGMQ_MESSAGE. Exit 0 acks the message; any other exit\nnacks it with reason HANDLER_FAILED and the last line of stderr. The lease is\nextended while COMMAND runs. SIGINT/SIGTERM take no new message, are passed\non to running commands, and leave no lease behind.")
+	c := &consumer{}
+	var mount, queue string
+	addMountFlag(fl, &mount)
+	fl.StringVarP(&queue, "queue", "q", "", "the queue to consume")
+	fl.IntVarP(&c.workers, "concurrency", "c", 1, "messages handled at once")
+	fl.Int64Var(&c.max, "max-messages", 0, "exit after this many messages (0: no limit)")
+	fl.BoolVar(&c.drain, "drain", false, "exit once no message is ready and no handler runs (messages waiting out a backoff in delayed/ are left)")
+	fl.BoolVarP(&c.verbose, "verbose", "v", false, "say what happens to every message on stderr")
+	if ok, err := parseFlags(env, fl, args); !ok {
+		return err
+	}
+	c.argv = fl.Args()
+	if len(c.argv) == 0 {
+		fmt.Fprintln(env.stderr, "yirangmq consume: a COMMAND is needed after -- (see yirangmq consume --help)")
+		return errUsage
+	}
+	if c.workers < 1 || c.max < 0 {
+		fmt.Fprintln(env.stderr, "yirangmq consume: --concurrency must be at least 1 and --max-messages not negative")
+		return errUsage
+	}
+	if _, err := exec.LookPath(c.argv[0]); err != nil {
+		return fmt.Errorf("handler: %w", err)
+	}
+	q, err := openQueue(mount, queue)
+	if err != nil {
+		return err
+	}
+	c.q = q
+	c.stdout, c.stderr = lockWriter(env.stdout), lockWriter(env.stderr)
+	return c.run(ctx)
+}
+
+// errStopped says a .next read was interrupted because the consumer stops.
+var errStopped = errors.New("stopped")
+
+type consumer struct {
+	q       queueRef
+	argv    []string
+	workers int
+	max     int64
+	drain   bool
+	verbose bool
+	stdout  io.Writer
+	stderr  io.Writer
+
+	stop     chan struct{} // closed: take no new message
+	stopOnce sync.Once
+	taken    atomic.Int64 // messages leased or about to be (--max-messages)
+
+	// For --drain: the consumer is done when every live worker found
+	// nothing ready while no handler ran.
+	mu       sync.Mutex
+	cond     *sync.Cond
+	alive    int
+	idle     int
+	finished int // handlers finished so far: new work may be ready
+	drained  bool
+
+	procMu sync.Mutex
+	procs  map[*os.Process]bool
+	sig    os.Signal // forwarded to every handler, once stopping
+
+	failed atomic.Value // first fatal error of a worker
+}
+
+func (c *consumer) run(ctx context.Context) error {
+	c.stop = make(chan struct{})
+	c.cond = sync.NewCond(&c.mu)
+	c.procs = map[*os.Process]bool{}
+	c.alive = c.workers
+
+	finished := make(chan struct{})
+	defer close(finished)
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	go c.watchSignals(ctx, sigs, finished)
+
+	var wg sync.WaitGroup
+	for i := 0; i < c.workers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := c.work(); err != nil {
+				c.failed.CompareAndSwap(nil, err)
+				c.halt()
+			}
+			c.mu.Lock()
+			c.alive--
+			c.cond.Broadcast()
+			c.mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if err, _ := c.failed.Load().(error); err != nil {
+		return err
+	}
+	return nil
+}
+
+// watchSignals stops the consumer when ctx ends or a signal comes, and
+// passes the signal on to the handlers (in their own process groups, so a
+// terminal's ^C reaches them once, through us).
+func (c *consumer) watchSignals(ctx context.Context, sigs <-chan os.Signal, finished <-chan struct{}) {
+	select {
+	case <-finished:
+		return
+	case s := <-sigs:
+		c.halt()
+		c.forward(s)
+	case <-ctx.Done():
+		c.halt()
+		// main's signal context ended ctx; the signal itself comes on
+		// sigs too. Without one (a caller cancelled), say SIGTERM.
+		select {
+		case s := <-sigs:
+			c.forward(s)
+		case <-time.After(100 * time.Millisecond):
+			c.forward(syscall.SIGTERM)
+		case <-finished:
+			return
+		}
+	}
+	for {
+		select {
+		case s := <-sigs:
+			c.forward(s)
+		case <-finished:
+			return
+		}
+	}
+}
+
+// halt stops taking messages and wakes whoever waits.
+func (c *consumer) halt() {
+	c.stopOnce.Do(func() {
+		close(c.stop)
+		c.mu.Lock()
+		c.cond.Broadcast()
+		c.mu.Unlock()
+	})
+}
+
+func (c *consumer) stopping() bool {
+	select {
+	case <-c.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+func (c *consumer) forward(s os.Signal) {
+	c.procMu.Lock()
+	defer c.procMu.Unlock()
+	c.sig = s
+	for p := range c.procs {
+		signalGroup(p, s)
+	}
+}
+
+func signalGroup(p *os.Process, s os.Signal) {
+	if n, ok := s.(syscall.Signal); ok {
+		_ = syscall.Kill(-p.Pid, n)
+	}
+}
+
+// work is one worker: lease, handle, repeat.
+func (c *consumer) work() error {
+	next := c.q.path(".next")
+	for !c.stopping() {
+		if c.max > 0 && c.taken.Add(1) > c.max {
+			return nil // the others take the last ones
+		}
+		name, err := readNext(c.stop, next, c.drain)
+		switch {
+		case err == nil:
+		case errors.Is(err, errStopped):
+			return nil
+		case errors.Is(err, syscall.EAGAIN):
+			c.taken.Add(-1)
+			if c.waitForWork() {
+				return nil
+			}
+			continue
+		case errors.Is(err, syscall.ENOENT):
+			return fmt.Errorf("queue %s does not exist", c.q.name)
+		case errors.Is(err, syscall.EBUSY):
+			return fmt.Errorf("the daemon refuses more blocked .next readers: lower --concurrency: %w", err)
+		default:
+			return err
+		}
+		if c.stopping() {
+			// The lease came as the read was interrupted: give it back.
+			c.nack(name, "", "")
+			return nil
+		}
+		c.handle(name)
+		c.mu.Lock()
+		c.finished++
+		c.cond.Broadcast()
+		c.mu.Unlock()
+	}
+	return nil
+}
+
+// waitForWork is --drain's wait after an EAGAIN: it reports true when the
+// consumer is done (every live worker idle at once, or stopping), false
+// when a handler finished meanwhile and may have made work.
+func (c *consumer) waitForWork() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.idle++
+	gen := c.finished
+	for {
+		switch {
+		case c.drained || c.idle >= c.alive:
+			c.drained = true
+			c.cond.Broadcast()
+			return true
+		case c.stopping():
+			return true
+		case c.finished != gen:
+			c.idle--
+			return false
+		}
+		c.cond.Wait()
+	}
+}
+
+// handle runs the handler for one leased message and acks or nacks it.
+func (c *consumer) handle(name string) {
+	path := c.q.path("processing", name)
+	body, err := os.Open(path)
+	if err != nil {
+		fmt.Fprintf(c.stderr, "yirangmq consume: %s: lease lost before the handler ran: %v\n", name, err)
+		return
+	}
+	defer body.Close()
+	interval := time.Second
+	if p, _, err := c.q.readPolicy(); err == nil && p.VisibilityTimeoutSec > 0 {
+		interval = time.Duration(p.VisibilityTimeoutSec) * time.Second / 3
+	}
+
+	cmd := exec.Command(c.argv[0], c.argv[1:]...)
+	cmd.Stdin = body
+	cmd.Stdout = c.stdout
+	tail := &tailWriter{w: c.stderr}
+	cmd.Stderr = tail
+	cmd.Env = append(os.Environ(), "YIRANGMQ_MESSAGE="+path, "YIRANGMQ_QUEUE="+c.q.name, mountEnv+"="+c.q.mount)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		c.nack(name, "HANDLER_FAILED", "cannot start: "+err.Error())
+		return
+	}
+	c.procMu.Lock()
+	c.procs[cmd.Process] = true
+	if c.sig != nil { // stopped as it started
+		signalGroup(cmd.Process, c.sig)
+	}
+	c.procMu.Unlock()
+
+	beat := make(chan struct{})
+	var hb sync.WaitGroup
+	hb.Add(1)
+	go func() {
+		defer hb.Done()
+		c.heartbeat(path, name, interval, beat)
+	}()
+	err = cmd.Wait()
+	close(beat)
+	hb.Wait()
+	c.procMu.Lock()
+	delete(c.procs, cmd.Process)
+	c.procMu.Unlock()
+
+	if err == nil {
+		c.ack(name)
+		return
+	}
+	msg := err.Error()
+	if line := tail.last(); line != "" {
+		msg += ": " + line
+	}
+	c.nack(name, "HANDLER_FAILED", msg)
+}
+
+// heartbeat extends the lease every interval, as touch(1) does (the
+// deadline becomes now + the visibility timeout), until done closes.
+func (c *consumer) heartbeat(path, name string, interval time.Duration, done <-chan struct{}) {
+	if interval < 100*time.Millisecond {
+		interval = 100 * time.Millisecond
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	now := []unix.Timespec{{Nsec: unix.UTIME_NOW}, {Nsec: unix.UTIME_NOW}}
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+		}
+		err := retryEINTR(func() error { return unix.UtimesNanoAt(unix.AT_FDCWD, path, now, 0) })
+		switch {
+		case errors.Is(err, unix.ENOENT):
+			return // the handler moved the message, or the lease was lost
+		case err != nil:
+			fmt.Fprintf(c.stderr, "yirangmq consume: %s: extending the lease failed: %v\n", name, err)
+		}
+	}
+}
+
+// ack unlinks processing/NAME. ENOENT means the handler moved the message
+// itself (forwarded, dead-lettered, acked) or the lease was lost.
+func (c *consumer) ack(name string) {
+	err := os.Remove(c.q.path("processing", name))
+	switch {
+	case err == nil:
+		if c.verbose {
+			fmt.Fprintf(c.stderr, "yirangmq consume: %s: acked\n", name)
+		}
+	case errors.Is(err, os.ErrNotExist):
+		if c.verbose {
+			fmt.Fprintf(c.stderr, "yirangmq consume: %s: handler succeeded; the message had already left processing/\n", name)
+		}
+	default:
+		fmt.Fprintf(c.stderr, "yirangmq consume: %s: ack failed: %v\n", name, err)
+	}
+}
+
+// nack records why (when given) and renames processing/NAME back to
+// inbox/: the queue counts the attempt and retries it after its backoff,
+// or dead-letters it.
+func (c *consumer) nack(name, reason, msg string) {
+	path := c.q.path("processing", name)
+	if reason != "" {
+		err := retryEINTR(func() error { return unix.Setxattr(path, "user.yirangmq.reason", []byte(reason), 0) })
+		if err == nil {
+			err = retryEINTR(func() error { return unix.Setxattr(path, "user.yirangmq.reason_message", []byte(msg), 0) })
+		}
+		if err != nil && !errors.Is(err, unix.ENOENT) {
+			fmt.Fprintf(c.stderr, "yirangmq consume: %s: recording the failure: %v\n", name, err)
+		}
+	}
+	err := os.Rename(path, c.q.path("inbox", name))
+	switch {
+	case err == nil:
+		if reason != "" {
+			fmt.Fprintf(c.stderr, "yirangmq consume: %s: nacked: %s\n", name, msg)
+		} else if c.verbose {
+			fmt.Fprintf(c.stderr, "yirangmq consume: %s: returned unhandled (stopping)\n", name)
+		}
+	case errors.Is(err, os.ErrNotExist):
+		fmt.Fprintf(c.stderr, "yirangmq consume: %s: handler failed (%s); the message had already left processing/\n", name, msg)
+	default:
+		fmt.Fprintf(c.stderr, "yirangmq consume: %s: nack failed: %v\n", name, err)
+	}
+}
+
+// readNext reads QUEUE/.next once and returns the name of the message it
+// leased.
+//
+// Closing a descriptor does not interrupt a blocked FUSE read, and Go's
+// os.File retries EINTR by itself, so the read is a raw read(2) on a
+// thread of its own: to stop it, SIGURG (which the Go runtime already
+// uses and ignores) is sent to that thread until the read returns. The
+// kernel then interrupts the FUSE request; the daemon answers EINTR and
+// takes no lease, or — if it leased just before — answers with the lease,
+// which the caller gives back.
+func readNext(stop <-chan struct{}, path string, nonblock bool) (string, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	flags := unix.O_RDONLY | unix.O_CLOEXEC
+	if nonblock {
+		flags |= unix.O_NONBLOCK
+	}
+	fd, err := unix.Open(path, flags, 0)
+	for errors.Is(err, unix.EINTR) {
+		fd, err = unix.Open(path, flags, 0)
+	}
+	if err != nil {
+		return "", &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+
+	// The interrupter must be gone before this thread is unlocked.
+	reading := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func(tid int) {
+		defer wg.Done()
+		interruptThread(stop, reading, tid)
+	}(unix.Gettid())
+	defer wg.Wait()
+	defer close(reading)
+
+	var got []byte
+	buf := make([]byte, 1024)
+	for {
+		n, err := unix.Read(fd, buf)
+		if errors.Is(err, unix.EINTR) {
+			if len(got) == 0 && isClosed(stop) {
+				return "", errStopped
+			}
+			continue // Go's own preemption signals land here too
+		}
+		if err != nil {
+			return "", &os.PathError{Op: "read", Path: path, Err: err}
+		}
+		got = append(got, buf[:n]...)
+		if n == 0 || bytes.IndexByte(got, '\n') >= 0 {
+			break
+		}
+	}
+	line := strings.TrimSpace(string(got))
+	name, ok := strings.CutPrefix(line, "processing/")
+	if !ok || name == "" || strings.ContainsRune(name, '/') {
+		return "", fmt.Errorf("read %s: unexpected answer %q", path, line)
+	}
+	return name, nil
+}
+
+// interruptThread signals thread tid every 20 ms once stop closes, until
+// reading closes: a signal that lands before the read(2) starts is lost,
+// the next one is not.
+func interruptThread(stop, reading <-chan struct{}, tid int) {
+	select {
+	case <-reading:
+		return
+	case <-stop:
+	}
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	pid := os.Getpid()
+	for {
+		_ = unix.Tgkill(pid, tid, unix.SIGURG)
+		select {
+		case <-reading:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// tailWriter passes a handler's stderr on and keeps its last non-empty
+// line for the nack's reason_message.
+type tailWriter struct {
+	w       io.Writer
+	mu      sync.Mutex
+	partial []byte
+	line    string
+}
+
+// maxReasonLine bounds the line kept.
+const maxReasonLine = 512
+
+func (t *tailWriter) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	t.partial = append(t.partial, p...)
+	for {
+		i := bytes.IndexByte(t.partial, '\n')
+		if i < 0 {
+			break
+		}
+		if l := strings.TrimSpace(string(t.partial[:i])); l != "" {
+			t.line = l
+		}
+		t.partial = t.partial[i+1:]
+	}
+	if len(t.partial) > maxReasonLine {
+		t.partial = t.partial[len(t.partial)-maxReasonLine:]
+	}
+	t.mu.Unlock()
+	return t.w.Write(p)
+}
+
+func (t *tailWriter) last() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	l := t.line
+	if p := strings.TrimSpace(string(t.partial)); p != "" {
+		l = p // a last line without a newline
+	}
+	if len(l) > maxReasonLine {
+		l = l[len(l)-maxReasonLine:]
+	}
+	return l
+}
+
+// lockWriter makes w safe for handlers writing at once; a file already is.
+func lockWriter(w io.Writer) io.Writer {
+	if _, ok := w.(*os.File); ok {
+		return w
+	}
+	return &lockedWriter{w: w}
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}

@@ -1,0 +1,283 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"yirangmq/testenv"
+)
+
+const archivePolicy = `{"archive": {"enabled": true, "retentionSec": 3600, "maxMessages": 100}}`
+
+func publishN(t *testing.T, d *testenv.Daemon, queue string, bodies ...string) []string {
+	t.Helper()
+	var out []string
+	for _, b := range bodies {
+		out = append(out, strings.TrimSpace(mustCLI(t, b, "publish", "--mount", d.Mountpoint, "--queue", queue)))
+	}
+	return out
+}
+
+func xattr(t *testing.T, path, key string) string {
+	t.Helper()
+	v, err := getXattr(path, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func TestConsumeAck(t *testing.T) {
+	d := startMount(t)
+	mkqueue(t, d, "jobs", archivePolicy)
+	published := publishN(t, d, "jobs", "one", "two", "three")
+	seen := filepath.Join(t.TempDir(), "seen")
+	handler := `printf '%s=' "$YIRANGMQ_MESSAGE" >> "$SEEN"; cat >> "$SEEN"; echo >> "$SEEN"; echo handled`
+	t.Setenv("SEEN", seen)
+	r := cli(t, "", "consume", "--mount", d.Mountpoint, "--queue", "jobs", "--drain", "--", "sh", "-c", handler)
+	if r.code != 0 {
+		t.Fatalf("consume: exit %d, %q", r.code, r.stderr)
+	}
+	if r.stdout != "handled\nhandled\nhandled\n" {
+		t.Errorf("handler stdout came out as %q", r.stdout)
+	}
+	b, _ := os.ReadFile(seen)
+	want := ""
+	for i, n := range published {
+		want += msgPath(d, "jobs", "processing", n) + "=" + []string{"one", "two", "three"}[i] + "\n"
+	}
+	if string(b) != want {
+		t.Errorf("handlers saw\n%s\nwant\n%s", b, want)
+	}
+	if got := names(t, d, "jobs", "archive"); len(got) != 3 {
+		t.Errorf("archive holds %q, want the three acked", got)
+	}
+	for _, dir := range []string{"inbox", "processing", "delayed", "dlq"} {
+		if got := names(t, d, "jobs", dir); len(got) != 0 {
+			t.Errorf("%s holds %q", dir, got)
+		}
+	}
+	if s := queueStats(t, d, "jobs"); s.AckedTotal != 3 || s.LeasedTotal != 3 {
+		t.Errorf("acked %d, leased %d; want 3 and 3", s.AckedTotal, s.LeasedTotal)
+	}
+}
+
+func TestConsumeFailToDLQ(t *testing.T) {
+	d := startMount(t)
+	mkqueue(t, d, "jobs", `{"retry": {"limit": 0}}`)
+	name := publishN(t, d, "jobs", "payload")[0]
+	r := cli(t, "", "consume", "--mount", d.Mountpoint, "--queue", "jobs", "--max-messages", "1", "--",
+		"sh", "-c", "cat >/dev/null; echo first line >&2; echo disk on fire >&2; exit 3")
+	if r.code != 0 {
+		t.Fatalf("consume: exit %d, %q", r.code, r.stderr)
+	}
+	if !strings.Contains(r.stderr, "disk on fire") {
+		t.Errorf("the handler's stderr was not passed on: %q", r.stderr)
+	}
+	dead := msgPath(d, "jobs", "dlq", name)
+	if got := names(t, d, "jobs", "dlq"); len(got) != 1 || got[0] != name {
+		t.Fatalf("dlq holds %q, want [%s]", got, name)
+	}
+	if v := xattr(t, dead, "reason"); v != "HANDLER_FAILED" {
+		t.Errorf("reason %q", v)
+	}
+	if v := xattr(t, dead, "reason_message"); v != "exit status 3: disk on fire" {
+		t.Errorf("reason_message %q", v)
+	}
+}
+
+func TestConsumeFailRetries(t *testing.T) {
+	d := startMount(t)
+	mkqueue(t, d, "jobs", `{"retry": {"limit": 3, "backoff": "fixed", "initialDelaySec": 60, "maxDelaySec": 60}}`)
+	name := publishN(t, d, "jobs", "payload")[0]
+	r := cli(t, "", "consume", "--mount", d.Mountpoint, "--queue", "jobs", "--drain", "--", "sh", "-c", "exit 42")
+	if r.code != 0 {
+		t.Fatalf("consume: exit %d, %q", r.code, r.stderr)
+	}
+	if got := names(t, d, "jobs", "delayed"); len(got) != 1 || got[0] != name {
+		t.Fatalf("delayed holds %q, want [%s] (waiting out the backoff)", got, name)
+	}
+	p := msgPath(d, "jobs", "delayed", name)
+	if v := xattr(t, p, "attempts"); v != "1" {
+		t.Errorf("attempts %q, want 1", v)
+	}
+	if v := xattr(t, p, "reason"); v != "HANDLER_FAILED" {
+		t.Errorf("reason %q", v)
+	}
+	if v := xattr(t, p, "reason_message"); v != "exit status 42" {
+		t.Errorf("reason_message %q", v)
+	}
+}
+
+func TestConsumeMaxMessages(t *testing.T) {
+	d := startMount(t)
+	mkqueue(t, d, "jobs", "")
+	publishN(t, d, "jobs", "1", "2", "3", "4", "5")
+	done := make(chan cliResult, 1)
+	go func() {
+		done <- cli(t, "", "consume", "--mount", d.Mountpoint, "--queue", "jobs", "--concurrency", "3", "--max-messages", "2", "--", "cat")
+	}()
+	select {
+	case r := <-done:
+		if r.code != 0 {
+			t.Fatalf("consume: exit %d, %q", r.code, r.stderr)
+		}
+		if len(r.stdout) != 2 { // two one-byte bodies
+			t.Errorf("handlers printed %q, want two bodies", r.stdout)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("consume --max-messages 2 did not return")
+	}
+	if s := queueStats(t, d, "jobs"); s.AckedTotal != 2 || s.LeasedTotal != 2 || s.Ready != 3 || s.Inflight != 0 {
+		t.Errorf("stats: acked %d leased %d ready %d inflight %d; want 2 2 3 0", s.AckedTotal, s.LeasedTotal, s.Ready, s.Inflight)
+	}
+}
+
+func TestConsumeDrainEmpty(t *testing.T) {
+	d := startMount(t)
+	mkqueue(t, d, "jobs", "")
+	start := time.Now()
+	r := cli(t, "", "consume", "--mount", d.Mountpoint, "--queue", "jobs", "--drain", "--concurrency", "4", "--", "true")
+	if r.code != 0 || time.Since(start) > 5*time.Second {
+		t.Errorf("consume --drain of an empty queue: exit %d after %s, %q", r.code, time.Since(start), r.stderr)
+	}
+	// With several workers, messages nacked by one are not lost to the
+	// exit of the others: all of them end acked.
+	publishN(t, d, "jobs", "a", "b", "c", "d", "e", "f")
+	r = cli(t, "", "consume", "--mount", d.Mountpoint, "--queue", "jobs", "--drain", "--concurrency", "3", "--", "cat")
+	if r.code != 0 || len(r.stdout) != 6 {
+		t.Errorf("consume --drain: exit %d, out %q, err %q", r.code, r.stdout, r.stderr)
+	}
+	if s := queueStats(t, d, "jobs"); s.Ready+s.Inflight != 0 || s.AckedTotal != 6 {
+		t.Errorf("after drain: %+v", s)
+	}
+}
+
+// TestConsumeHeartbeat: a handler that runs past the visibility timeout
+// keeps its lease.
+func TestConsumeHeartbeat(t *testing.T) {
+	d := startMount(t)
+	mkqueue(t, d, "jobs", `{"visibilityTimeoutSec": 1}`)
+	publishN(t, d, "jobs", "slow")
+	r := cli(t, "", "consume", "--mount", d.Mountpoint, "--queue", "jobs", "--max-messages", "1", "--", "sh", "-c", "sleep 2.5")
+	if r.code != 0 || r.stderr != "" {
+		t.Fatalf("consume: exit %d, %q", r.code, r.stderr)
+	}
+	if s := queueStats(t, d, "jobs"); s.ExpiredTotal != 0 || s.AckedTotal != 1 || s.LeasedTotal != 1 {
+		t.Errorf("expired %d, acked %d, leased %d; want 0 1 1", s.ExpiredTotal, s.AckedTotal, s.LeasedTotal)
+	}
+}
+
+// TestConsumeCancelIdle: workers blocked on .next stop at once, taking no
+// lease.
+func TestConsumeCancelIdle(t *testing.T) {
+	d := startMount(t)
+	mkqueue(t, d, "jobs", "")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan cliResult, 1)
+	go func() {
+		done <- cliCtx(ctx, t, "", "consume", "--mount", d.Mountpoint, "--queue", "jobs", "--concurrency", "4", "--", "cat")
+	}()
+	time.Sleep(300 * time.Millisecond)
+	cancel()
+	select {
+	case r := <-done:
+		if r.code != 0 {
+			t.Errorf("consume: exit %d, %q", r.code, r.stderr)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("consume did not stop when cancelled")
+	}
+	publishN(t, d, "jobs", "after")
+	time.Sleep(100 * time.Millisecond)
+	if s := queueStats(t, d, "jobs"); s.LeasedTotal != 0 || s.Ready != 1 {
+		t.Errorf("leased %d, ready %d after the stop; want 0 and 1", s.LeasedTotal, s.Ready)
+	}
+}
+
+// TestConsumeSIGTERM runs the binary: SIGTERM interrupts the idle
+// workers, is passed on to the running handler, which finishes, and no
+// lease is left.
+func TestConsumeSIGTERM(t *testing.T) {
+	d := startMount(t)
+	mkqueue(t, d, "jobs", archivePolicy)
+	mark := filepath.Join(t.TempDir(), "mark")
+	handler := `trap 'touch "$MARK.term"' TERM; cat >/dev/null; touch "$MARK"; i=0; while [ $i -lt 10 ]; do sleep 0.1; i=$((i+1)); done; exit 0`
+	cmd := exec.Command(testenv.Binary(t), "consume", "--mount", d.Mountpoint, "--queue", "jobs", "--concurrency", "3", "--", "sh", "-c", handler)
+	cmd.Env = append(os.Environ(), "MARK="+mark)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() { cmd.Process.Kill() })
+
+	name := publishN(t, d, "jobs", "work")[0]
+	retryUntil(t, 10*time.Second, "the handler never started", func() bool {
+		_, err := os.Stat(mark)
+		return err == nil
+	})
+	cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Errorf("consume exited with %v:\n%s", err, out.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("consume did not exit after SIGTERM:\n%s", out.String())
+	}
+	if _, err := os.Stat(mark + ".term"); err != nil {
+		t.Errorf("the handler did not get SIGTERM: %v", err)
+	}
+	if got := names(t, d, "jobs", "processing"); len(got) != 0 {
+		t.Errorf("processing holds %q after SIGTERM", got)
+	}
+	if got := names(t, d, "jobs", "archive"); len(got) != 1 || got[0] != name {
+		t.Errorf("archive holds %q, want the finished message", got)
+	}
+	if s := queueStats(t, d, "jobs"); s.LeasedTotal != 1 {
+		t.Errorf("leased %d times, want 1:\n%s", s.LeasedTotal, out.String())
+	}
+}
+
+// TestReadNextInterrupt: a blocked read of .next stops when told, with
+// no lease taken.
+func TestReadNextInterrupt(t *testing.T) {
+	d := startMount(t)
+	mkqueue(t, d, "jobs", "")
+	stop := make(chan struct{})
+	res := make(chan error, 1)
+	go func() {
+		_, err := readNext(stop, d.Path("jobs", ".next"), false)
+		res <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+	close(stop)
+	select {
+	case err := <-res:
+		if err != errStopped {
+			t.Errorf("readNext: %v, want errStopped", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("readNext did not stop")
+	}
+	if _, err := readNext(make(chan struct{}), d.Path("jobs", ".next"), true); err == nil || !strings.Contains(err.Error(), unix.EAGAIN.Error()) {
+		t.Errorf("nonblocking readNext of an empty queue: %v, want EAGAIN", err)
+	}
+	name := publishN(t, d, "jobs", "x")[0]
+	got, err := readNext(make(chan struct{}), d.Path("jobs", ".next"), false)
+	if err != nil || got != name {
+		t.Errorf("readNext: %q, %v; want %q", got, err, name)
+	}
+}

@@ -1,0 +1,176 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"yirangmq/queuecore"
+)
+
+// clearScreen moves the cursor home and clears the screen, as top does.
+const clearScreen = "\x1b[H\x1b[2J"
+
+// runStatus prints the queues of a mount from MOUNT/.stats: a table, the
+// JSON itself, or (--watch) a table redrawn every interval until SIGINT.
+func runStatus(ctx context.Context, env *cliEnv, args []string) error {
+	fl := pflag.NewFlagSet("status", pflag.ContinueOnError)
+	clientUsage(fl, "status [--mount M] [--queue Q] [--json] [--watch [--interval D]]",
+		"Shows every queue of the mount (or one): messages ready, in flight, delayed,\ndead and archived, the age of the oldest ready one, and rates per second over\nthe last minute. --watch redraws the table until interrupted.")
+	var mount, queue string
+	var asJSON, watch bool
+	var interval time.Duration
+	addMountFlag(fl, &mount)
+	fl.StringVarP(&queue, "queue", "q", "", "show this queue only")
+	fl.BoolVar(&asJSON, "json", false, "print the JSON of .stats (MOUNT/.stats, or QUEUE/.stats with --queue)")
+	fl.BoolVarP(&watch, "watch", "w", false, "redraw every interval until interrupted")
+	fl.DurationVar(&interval, "interval", time.Second, "how often --watch redraws")
+	if ok, err := parseFlags(env, fl, args); !ok {
+		return err
+	}
+	if fl.NArg() > 0 {
+		fmt.Fprintf(env.stderr, "yirangmq status: unexpected argument %q\n", fl.Arg(0))
+		return errUsage
+	}
+	if interval <= 0 {
+		fmt.Fprintln(env.stderr, "yirangmq status: --interval must be positive")
+		return errUsage
+	}
+	abs, err := checkMount(mount)
+	if err != nil {
+		return err
+	}
+	var q queueRef
+	if queue != "" {
+		if q, err = openQueue(abs, queue); err != nil {
+			return err
+		}
+	}
+	show := func() error {
+		if asJSON {
+			return printStatsJSON(env.stdout, abs, q, watch)
+		}
+		d, err := readDaemonStats(abs)
+		if err != nil {
+			return err
+		}
+		if q.name != "" {
+			qs, err := q.readStats()
+			if err != nil {
+				return err
+			}
+			d.Queues = []queuecore.QueueStats{qs}
+		}
+		if watch {
+			fmt.Fprint(env.stdout, clearScreen)
+			fmt.Fprintf(env.stdout, "yirangmq %s  %s  %s  up %s  every %s  (^C quits)\n\n", d.Version, d.Backend, abs,
+				(time.Duration(d.UptimeSec) * time.Second).String(), interval)
+		}
+		printStatusTable(env.stdout, d.Queues)
+		return nil
+	}
+	if !watch {
+		return show()
+	}
+	for {
+		if err := show(); err != nil {
+			return err
+		}
+		if !sleepCtx(ctx, interval) {
+			return nil
+		}
+	}
+}
+
+func readDaemonStats(mount string) (queuecore.DaemonStats, error) {
+	var d queuecore.DaemonStats
+	b, err := os.ReadFile(filepath.Join(mount, ".stats"))
+	if err != nil {
+		return d, fmt.Errorf("read stats: %w", err)
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		return d, fmt.Errorf("read stats: %w", err)
+	}
+	return d, nil
+}
+
+// printStatsJSON copies the daemon's document; when watching, one compact
+// document a line, so the output is a stream of JSON values.
+func printStatsJSON(w io.Writer, mount string, q queueRef, compact bool) error {
+	path := filepath.Join(mount, ".stats")
+	if q.name != "" {
+		path = q.path(".stats")
+	}
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) && q.name != "" {
+		return fmt.Errorf("queue %s does not exist", q.name)
+	}
+	if err != nil {
+		return fmt.Errorf("read stats: %w", err)
+	}
+	if compact {
+		var v any
+		if err := json.Unmarshal(b, &v); err != nil {
+			return fmt.Errorf("read stats: %w", err)
+		}
+		b, _ = json.Marshal(v)
+		b = append(b, '\n')
+	}
+	_, err = w.Write(b)
+	return err
+}
+
+func printStatusTable(w io.Writer, queues []queuecore.QueueStats) {
+	if len(queues) == 0 {
+		fmt.Fprintln(w, "no queues (mkdir MOUNT/NAME creates one)")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "QUEUE\tREADY\tINFLIGHT\tDELAYED\tDLQ\tARCHIVED\tOLDEST\tPUB/s\tLEASE/s\tACK/s\tPAUSED")
+	for _, s := range queues {
+		paused := "-"
+		if s.Paused {
+			paused = "yes"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", s.Queue, s.Ready, s.Inflight, s.Delayed, s.DLQ, s.Archived,
+			age(s.Ready, s.OldestReadyAgeSec), rate(s.Rates.PublishedPerSec), rate(s.Rates.LeasedPerSec), rate(s.Rates.AckedPerSec), paused)
+	}
+	tw.Flush()
+}
+
+// age says how long the oldest ready message has waited: "-" when none.
+func age(ready int64, sec float64) string {
+	if ready == 0 {
+		return "-"
+	}
+	d := time.Duration(sec * float64(time.Second))
+	switch {
+	case d < time.Second:
+		return "0s"
+	case d < time.Hour:
+		return d.Truncate(time.Second).String()
+	case d < 48*time.Hour:
+		return d.Truncate(time.Minute).String()
+	default:
+		return strconv.Itoa(int(d.Hours()/24)) + "d"
+	}
+}
+
+func rate(r float64) string {
+	if r == 0 {
+		return "0"
+	}
+	if r < 10 {
+		return strconv.FormatFloat(r, 'f', 2, 64)
+	}
+	return strconv.FormatFloat(r, 'f', 0, 64)
+}

@@ -1,0 +1,102 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"yirangmq/queuecore"
+)
+
+func TestStatusTable(t *testing.T) {
+	d := startMount(t)
+	mkqueue(t, d, "jobs", "")
+	mkqueue(t, d, "mail", "")
+	publishN(t, d, "jobs", "1", "2", "3")
+	publishN(t, d, "mail", "x")
+	mustCLI(t, "", "pause", "--mount", d.Mountpoint, "--queue", "mail")
+
+	out := mustCLI(t, "", "status", "--mount", d.Mountpoint)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("status printed %d lines, want a header and two queues:\n%s", len(lines), out)
+	}
+	wantCols := []string{"QUEUE", "READY", "INFLIGHT", "DELAYED", "DLQ", "ARCHIVED", "OLDEST", "PUB/s", "LEASE/s", "ACK/s", "PAUSED"}
+	if got := strings.Fields(lines[0]); strings.Join(got, " ") != strings.Join(wantCols, " ") {
+		t.Errorf("header %q", lines[0])
+	}
+	rows := map[string][]string{}
+	for _, l := range lines[1:] {
+		f := strings.Fields(l)
+		rows[f[0]] = f
+	}
+	if f := rows["jobs"]; len(f) != len(wantCols) || f[1] != "3" || f[2] != "0" || f[10] != "-" {
+		t.Errorf("jobs row %q", f)
+	}
+	if f := rows["mail"]; len(f) != len(wantCols) || f[1] != "1" || f[10] != "yes" {
+		t.Errorf("mail row %q", f)
+	}
+
+	out = mustCLI(t, "", "status", "--mount", d.Mountpoint, "--queue", "mail")
+	if strings.Contains(out, "jobs") || !strings.Contains(out, "mail") {
+		t.Errorf("status --queue mail:\n%s", out)
+	}
+	r := cli(t, "", "status", "--mount", d.Mountpoint, "--queue", "nope")
+	if r.code != 1 || !strings.Contains(r.stderr, "queue nope does not exist") {
+		t.Errorf("status of a missing queue: exit %d, %q", r.code, r.stderr)
+	}
+}
+
+func TestStatusJSON(t *testing.T) {
+	d := startMount(t)
+	mkqueue(t, d, "jobs", "")
+	publishN(t, d, "jobs", "1", "2")
+
+	var ds queuecore.DaemonStats
+	if err := json.Unmarshal([]byte(mustCLI(t, "", "status", "--mount", d.Mountpoint, "--json")), &ds); err != nil {
+		t.Fatal(err)
+	}
+	if len(ds.Queues) != 1 || ds.Queues[0].Queue != "jobs" || ds.Queues[0].Ready != 2 || ds.Queues[0].PublishedTotal != 2 {
+		t.Errorf("status --json: %+v", ds)
+	}
+	var qs queuecore.QueueStats
+	if err := json.Unmarshal([]byte(mustCLI(t, "", "status", "--mount", d.Mountpoint, "--json", "--queue", "jobs")), &qs); err != nil {
+		t.Fatal(err)
+	}
+	if qs.Queue != "jobs" || qs.Ready != 2 {
+		t.Errorf("status --json --queue jobs: %+v", qs)
+	}
+}
+
+func TestStatusWatch(t *testing.T) {
+	d := startMount(t)
+	mkqueue(t, d, "jobs", "")
+	ctx, cancel := context.WithTimeout(context.Background(), 350*time.Millisecond)
+	defer cancel()
+	r := cliCtx(ctx, t, "", "status", "--mount", d.Mountpoint, "--watch", "--interval", "100ms")
+	if r.code != 0 {
+		t.Fatalf("status --watch: exit %d, %q", r.code, r.stderr)
+	}
+	if n := strings.Count(r.stdout, clearScreen); n < 2 {
+		t.Errorf("status --watch drew %d times in 350ms at 100ms:\n%q", n, r.stdout)
+	}
+	if n := strings.Count(r.stdout, "QUEUE"); n != strings.Count(r.stdout, clearScreen) {
+		t.Errorf("not one table per redraw:\n%q", r.stdout)
+	}
+
+	ctx, cancel = context.WithTimeout(context.Background(), 250*time.Millisecond)
+	defer cancel()
+	r = cliCtx(ctx, t, "", "status", "--mount", d.Mountpoint, "--watch", "--json", "--interval", "100ms")
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if r.code != 0 || len(lines) < 2 {
+		t.Fatalf("status --watch --json: exit %d, %q", r.code, r.stdout)
+	}
+	for _, l := range lines {
+		var ds queuecore.DaemonStats
+		if err := json.Unmarshal([]byte(l), &ds); err != nil {
+			t.Errorf("line %q: %v", l, err)
+		}
+	}
+}
