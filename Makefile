@@ -6,7 +6,7 @@ TOOLS   := $(CURDIR)/bin/tools
 FUZZTIME ?= 10s
 export CGO_ENABLED := 1
 
-.PHONY: all build test test-race fuzz demo bench lint clean
+.PHONY: all build test fuzz demo bench lint install clean
 
 all: build
 
@@ -41,6 +41,20 @@ $(TOOLS)/staticcheck:
 lint: $(TOOLS)/staticcheck
 	$(GO) vet ./...
 	$(TOOLS)/staticcheck ./...
+
+# Install the binary, the mount helper link that lets mount(8) and
+# /etc/fstab mount fuse.yirangmq, and the systemd unit.
+PREFIX  ?= /usr/local
+BINDIR  ?= $(PREFIX)/bin
+SBINDIR ?= /sbin
+UNITDIR ?= /etc/systemd/system
+install: build
+	install -D -m 0755 $(BIN) $(DESTDIR)$(BINDIR)/yirangmq
+	install -d $(DESTDIR)$(SBINDIR)
+	ln -sf $(BINDIR)/yirangmq $(DESTDIR)$(SBINDIR)/mount.fuse.yirangmq
+	install -d $(DESTDIR)$(UNITDIR)
+	sed 's|@BINDIR@|$(BINDIR)|g' dist/yirangmq.service > $(DESTDIR)$(UNITDIR)/yirangmq.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/yirangmq.service
 
 clean:
 	rm -rf bin var

@@ -47,6 +47,13 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	env := &cliEnv{stdout: os.Stdout, stderr: os.Stderr, stdin: os.Stdin}
+	if isHelperCall(os.Args[0], os.Args[1:]) {
+		if err := runHelper(ctx, env, os.Args[1:]); err != nil {
+			fmt.Fprintf(env.stderr, "yirangmq: %v\n", err)
+			os.Exit(1)
+		}
+		return
+	}
 	os.Exit(run(ctx, env, os.Args[1:]))
 }
 

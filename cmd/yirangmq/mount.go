@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	sdnotify "github.com/coreos/go-systemd/v22/daemon"
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 
@@ -129,6 +130,10 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	defer fsys.Stop()
 	log.Info("mounted", "mountpoint", mountpoint, "backend", f.backend, "store", f.store, "sync", f.sync, "allow_other", allowOther, "pid", os.Getpid())
 	signalReady()
+	// systemd (Type=notify): ready only once the mount serves.
+	if _, err := sdnotify.SdNotify(false, sdnotify.SdNotifyReady+"\nSTATUS=serving "+mountpoint); err != nil {
+		log.Warn("tell systemd we are ready", "err", err)
+	}
 
 	served := make(chan struct{})
 	go func() {
@@ -137,6 +142,7 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	}()
 	select {
 	case <-ctx.Done():
+		_, _ = sdnotify.SdNotify(false, sdnotify.SdNotifyStopping)
 		log.Info("unmounting", "mountpoint", mountpoint)
 		if err := server.Unmount(); err != nil {
 			log.Warn("unmount failed, detaching lazily", "mountpoint", mountpoint, "err", err)

@@ -1,0 +1,182 @@
+package fs
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"yirangmq/queuecore"
+)
+
+// maybeCheckpointLocked starts a checkpoint in the background once the
+// journal has outgrown its threshold.
+func (s *Store) maybeCheckpointLocked() {
+	if s.ckptRunning || s.closed || s.failErr != nil || s.sinceCkpt < s.ckptAt {
+		return
+	}
+	s.ckptRunning = true
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		_ = s.checkpoint() // a failure fails the store, which logs it
+	}()
+}
+
+// checkpoint makes the snapshot hold everything committed so far and drops
+// the journal it replaces. Commits go on while it runs. A failure fails
+// the store: the journals are left for the next Open.
+func (s *Store) checkpoint() error {
+	start := time.Now()
+	n, size, err := s.doCheckpoint()
+	s.mu.Lock()
+	s.ckptRunning = false
+	if err != nil {
+		err = fmt.Errorf("checkpoint: %w", err)
+		s.failLocked(err)
+	} else {
+		s.ckptAt = max(s.cfg.checkpointBytes, size)
+	}
+	s.mu.Unlock()
+	if err == nil {
+		s.log.Debug("checkpoint", logCount, n, logBytes, size, logTook, time.Since(start))
+	}
+	return err
+}
+
+func (s *Store) doCheckpoint() (count int, size int64, err error) {
+	sync := s.opts.Sync != queuecore.SyncOff
+	curPath := filepath.Join(s.dir, journalName)
+	oldPath := filepath.Join(s.dir, oldJournalName)
+
+	// Rotate the journal and take an image of the index at this lsn.
+	s.mu.Lock()
+	old, img, err := s.rotateLocked(curPath, oldPath, sync)
+	if err != nil {
+		s.failLocked(fmt.Errorf("checkpoint: %w", err))
+		s.mu.Unlock()
+		return 0, 0, err
+	}
+	s.mu.Unlock()
+
+	// Every body the old journal holds must be in its file, and durable,
+	// before the snapshot replaces that journal.
+	s.runFileOps(old.end())
+	if err := s.failure(); err != nil {
+		return 0, 0, err
+	}
+	if sync {
+		if err := syncFS(s.dir); err != nil {
+			return 0, 0, err
+		}
+	}
+	size, err = writeSnapshot(s.dir, img, sync)
+	if err != nil {
+		return 0, 0, fmt.Errorf("write snapshot: %w", err)
+	}
+	// The group-commit leader may still be syncing the old journal.
+	s.syncMu.Lock()
+	cerr := old.f.Close()
+	s.syncMu.Unlock()
+	if cerr != nil {
+		s.log.Warn("close old journal", logErr, cerr)
+	}
+	if err := os.Remove(oldPath); err != nil {
+		return 0, 0, fmt.Errorf("remove old journal: %w", err)
+	}
+	if sync {
+		if err := syncDir(s.dir); err != nil {
+			return 0, 0, err
+		}
+	}
+	return img.count, size, nil
+}
+
+// rotateLocked renames the journal to journal.old and starts a fresh one.
+// In SyncFull the old journal is synced first, so that every commit in it
+// is durable (its waiters may return) before the new journal is published
+// to the group-commit leader.
+func (s *Store) rotateLocked(curPath, oldPath string, sync bool) (*journal, *snapshotImage, error) {
+	old := s.cur.Load()
+	if s.opts.Sync == queuecore.SyncFull {
+		if err := s.fdatasync(old.f); err != nil {
+			return nil, nil, fmt.Errorf("fdatasync journal: %w", err)
+		}
+		storeMax(&s.synced, old.end())
+	}
+	if _, err := os.Lstat(oldPath); err == nil {
+		return nil, nil, fmt.Errorf("%s exists: an earlier checkpoint did not finish", oldPath)
+	}
+	if err := os.Rename(curPath, oldPath); err != nil {
+		return nil, nil, fmt.Errorf("rotate journal: %w", err)
+	}
+	f, err := os.OpenFile(curPath, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		// Commits go on in the old file, which the next Open replays.
+		return nil, nil, fmt.Errorf("create journal: %w", err)
+	}
+	if sync {
+		// The new journal's name must be durable before a commit in it is.
+		if err := syncDir(s.dir); err != nil {
+			f.Close()
+			return nil, nil, err
+		}
+	}
+	s.cur.Store(&journal{f: f, base: old.end()})
+	s.sinceCkpt = 0
+	return old, s.imageLocked(), nil
+}
+
+// checkpointAtOpen writes the snapshot of a store just recovered and
+// empties its journals. Nothing runs concurrently yet.
+func (s *Store) checkpointAtOpen() error {
+	sync := s.opts.Sync != queuecore.SyncOff
+	if sync {
+		// Bodies the repair wrote are not synced on their own.
+		if err := syncFS(s.dir); err != nil {
+			return err
+		}
+	}
+	s.mu.Lock()
+	img := s.imageLocked()
+	s.mu.Unlock()
+	size, err := writeSnapshot(s.dir, img, sync)
+	if err != nil {
+		return fmt.Errorf("write snapshot: %w", err)
+	}
+	s.ckptAt = max(s.cfg.checkpointBytes, size)
+	if err := os.Remove(filepath.Join(s.dir, oldJournalName)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove old journal: %w", err)
+	}
+	f, err := os.OpenFile(filepath.Join(s.dir, journalName), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("empty journal: %w", err)
+	}
+	s.cur.Store(&journal{f: f})
+	if sync {
+		if err := f.Sync(); err != nil {
+			return fmt.Errorf("fsync journal: %w", err)
+		}
+		if err := syncDir(s.dir); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// syncFS flushes the whole file system of dir (syncfs(2)): one call makes
+// every body file written since the last checkpoint durable.
+func syncFS(dir string) error {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("syncfs %s: %w", dir, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Syncfs(fd); err != nil {
+		return fmt.Errorf("syncfs %s: %w", dir, err)
+	}
+	return nil
+}

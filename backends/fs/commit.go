@@ -1,0 +1,198 @@
+package fs
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sync/atomic"
+
+	"yirangmq/queuecore"
+)
+
+// Apply commits a batch: see "Commits" in the package comment. Once the
+// record is written Apply does not look at ctx again: a commit is never
+// reported as failed because its caller went away.
+func (s *Store) Apply(ctx context.Context, ops []queuecore.Op) error {
+	if len(ops) == 0 {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if err := s.writableLocked(); err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	changes, err := s.ix.applyOps(ops)
+	if err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	frame, bodyAt := encodeApplyRecord(s.lsn+1, ops)
+	if len(frame)-frameHeaderLen > maxPayload {
+		s.ix.undo(changes)
+		s.mu.Unlock()
+		return fmt.Errorf("batch of %d bytes: %w", len(frame), queuecore.ErrTooLarge)
+	}
+	end, err := s.appendLocked(frame)
+	if err != nil {
+		s.ix.undo(changes)
+		s.mu.Unlock()
+		return err
+	}
+	s.lsn++
+	s.ix.noteIDs(changes)
+	fileOps := s.fileOpsFor(changes, ops, frame, bodyAt)
+	return s.commitLocked(end, fileOps)
+}
+
+// PutQueue creates a queue or replaces its policy and permissions.
+func (s *Store) PutQueue(ctx context.Context, q queuecore.QueueInfo) error {
+	if err := checkQueueName(q.Name); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	q.Policy = bytes.Clone(q.Policy) // the store keeps its own copy
+	s.mu.Lock()
+	if err := s.writableLocked(); err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	end, err := s.appendLocked(encodePutQueueRecord(s.lsn+1, &q))
+	if err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	s.lsn++
+	var fileOps []fileOp
+	if s.ix.queues[q.Name] == nil {
+		fileOps = []fileOp{{kind: opMkQueue, to: q.Name}}
+	}
+	s.ix.putQueue(q)
+	return s.commitLocked(end, fileOps)
+}
+
+// DeleteQueue removes a queue and all its messages. Its directory is moved
+// to the trash once the record is durable and emptied in the background.
+func (s *Store) DeleteQueue(ctx context.Context, name string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if err := s.writableLocked(); err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	q := s.ix.queues[name]
+	if q == nil {
+		s.mu.Unlock()
+		return fmt.Errorf("delete queue %q: %w", name, queuecore.ErrNotFound)
+	}
+	end, err := s.appendLocked(encodeDeleteQueueRecord(s.lsn+1, name))
+	if err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	s.lsn++
+	s.ix.deleteQueue(q)
+	return s.commitLocked(end, []fileOp{{kind: opRmQueue, from: name, id: s.lsn}})
+}
+
+// commitLocked finishes a commit whose record ends at end: it queues the
+// record's file operations, unlocks mu, waits until the record is durable
+// and does the file operations.
+func (s *Store) commitLocked(end int64, fileOps []fileOp) error {
+	if len(fileOps) > 0 {
+		s.pending = append(s.pending, pendingRecord{end: end, ops: fileOps})
+	}
+	s.inflight.Add(1)
+	defer s.inflight.Done()
+	s.maybeCheckpointLocked()
+	s.mu.Unlock()
+
+	if s.opts.Sync == queuecore.SyncFull {
+		if err := s.waitDurable(end); err != nil {
+			return err
+		}
+	}
+	if len(fileOps) > 0 {
+		s.runFileOps(end)
+	}
+	return nil
+}
+
+// appendLocked writes a framed record at the end of the journal with one
+// write(2) and returns the logical position of its end.
+func (s *Store) appendLocked(frame []byte) (int64, error) {
+	j := s.cur.Load()
+	if err := j.reserve(len(frame)); err != nil {
+		return 0, err
+	}
+	n, err := j.f.WriteAt(frame, j.size)
+	if err != nil {
+		// A part of the record may be in the file: zero it, so that the
+		// next record does not follow a torn one (replay would stop there).
+		if n > 0 {
+			if _, zerr := j.f.WriteAt(make([]byte, n), j.size); zerr != nil {
+				s.failLocked(fmt.Errorf("erase a partly written journal record: %w (after %w)", zerr, err))
+			}
+		}
+		return 0, fmt.Errorf("append to journal: %w", err)
+	}
+	j.size += int64(len(frame))
+	s.sinceCkpt += int64(len(frame))
+	end := j.end()
+	s.written.Store(end)
+	if s.opts.Sync != queuecore.SyncFull {
+		// In these modes a record is as durable as promised once written.
+		s.synced.Store(end)
+	}
+	return end, nil
+}
+
+// waitDurable returns once an fdatasync of the journal covers position pos.
+// Group commit: whoever takes syncMu first syncs everything written so far,
+// so the commits that queued behind it find their record already covered
+// and return without an fsync of their own.
+func (s *Store) waitDurable(pos int64) error {
+	if s.synced.Load() >= pos {
+		return nil
+	}
+	s.syncMu.Lock()
+	defer s.syncMu.Unlock()
+	if s.synced.Load() >= pos {
+		return nil
+	}
+	if err := s.failure(); err != nil {
+		return fmt.Errorf("fs store %s failed earlier: %w", s.dir, err)
+	}
+	// Load written before cur: a rotation syncs the old journal before it
+	// publishes the new one, so if target reaches into the new journal we
+	// see the new one here, and if we see the old one it holds all of target.
+	target := s.written.Load()
+	j := s.cur.Load()
+	err := s.fdatasync(j.f)
+	s.fsyncs.Add(1)
+	if err != nil {
+		err = fmt.Errorf("fdatasync journal: %w", err)
+		s.mu.Lock()
+		s.failLocked(err)
+		s.mu.Unlock()
+		return err
+	}
+	storeMax(&s.synced, target)
+	return nil
+}
+
+// storeMax raises v to x.
+func storeMax(v *atomic.Int64, x int64) {
+	for {
+		old := v.Load()
+		if old >= x || v.CompareAndSwap(old, x) {
+			return
+		}
+	}
+}

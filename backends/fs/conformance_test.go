@@ -1,0 +1,38 @@
+package fs
+
+import (
+	"context"
+	"testing"
+
+	"yirangmq/backends"
+	"yirangmq/backends/backendtest"
+	"yirangmq/queuecore"
+)
+
+func openForSuite(ctx context.Context, dir string, sync queuecore.SyncMode) (queuecore.Store, error) {
+	return Open(ctx, dir, backends.Options{Sync: sync})
+}
+
+func TestConformance(t *testing.T) {
+	backendtest.Run(t, openForSuite)
+}
+
+// TestCrash kills a process committing batches with SIGKILL and checks the
+// recovered store (the child process runs this same test).
+func TestCrash(t *testing.T) {
+	backendtest.RunCrash(t, openForSuite)
+}
+
+// openTinyCheckpoints opens a store that checkpoints after about every
+// commit, so that the suites also run across journal rotations.
+func openTinyCheckpoints(ctx context.Context, dir string, sync queuecore.SyncMode) (queuecore.Store, error) {
+	return open(ctx, dir, backends.Options{Sync: sync}, config{checkpointBytes: 1})
+}
+
+func TestConformanceTinyCheckpoints(t *testing.T) {
+	backendtest.Run(t, openTinyCheckpoints)
+}
+
+func TestCrashTinyCheckpoints(t *testing.T) {
+	backendtest.RunCrash(t, openTinyCheckpoints)
+}

@@ -1,0 +1,94 @@
+// Package fs is the plain-directory store of yirangmq: a queuecore.Store
+// that keeps every message body as an ordinary file, so that the store can
+// be read by hand (ls, cat, grep) and backed up with any tool.
+//
+// # On-disk layout
+//
+//	DIR/LOCK                      advisory lock (backends.LockStore): pid and holder
+//	DIR/queues/QUEUE/STATE/NAME   one plain file per message body; STATE is
+//	                              inbox, processing, delayed, dlq or archive
+//	                              (queuecore.State.Dir). Each body file carries
+//	                              its message ID in the xattr user.yirangmq.id.
+//	DIR/snapshot                  every queue and message's metadata as of the
+//	                              last checkpoint (JSON lines, see below)
+//	DIR/journal                   committed batches since that checkpoint
+//	DIR/journal.old               the journal being checkpointed (only while a
+//	                              checkpoint runs, or after a crash during one)
+//	DIR/trash/                    queue directories being removed after a
+//	                              DeleteQueue (emptied in the background and at Open)
+//	DIR/lost+found/               files found at Open that no metadata
+//	                              explains; kept for the operator, never read
+//
+// Queue names are [A-Za-z0-9._-] and never start with '.'; message names
+// never start with '.', hold no '/' or NUL and are at most 255 bytes. Live
+// names are unique per queue and archived names among a queue's archived
+// messages, so (queue, state directory, name) names one file. Files whose
+// name starts with '.' are temporary and removed at Open.
+//
+// # Metadata: journal and snapshot
+//
+// The files hold bodies only. Metadata (queues with their policy and
+// permissions, and every message's queuecore.Message) lives in memory, in
+// an index of B-trees, and on disk in the snapshot plus the journal.
+//
+// The journal is an append-only log of committed batches. Each record is a
+// frame: a 19-byte header "#LLLLLLLL CCCCCCCC\n" (payload length and
+// CRC-32C, hex) and the payload, a JSON line followed by the raw bodies of
+// the batch's inserts (each insert op says how many bytes its body has).
+// Every record has a log sequence number (lsn). A record that is cut short
+// or fails its CRC is a torn tail left by a crash: it and everything after
+// it are ignored and cut off at Open. The file is extended with zeros ahead
+// of its records, 1 MiB at a time, so that a commit's fdatasync overwrites
+// allocated blocks instead of growing the file (measured about 1.5 times
+// cheaper on the target machine); a header of zeros is the end.
+//
+// The snapshot is a JSON header line, one line per queue, one line per
+// message and a trailer with a CRC-32C of everything before it. It is
+// written with the durable-write helper (temp file, fsync, rename, fsync of
+// the directory) and records the lsn it includes, so that journal records
+// it already holds are skipped on replay.
+//
+// # Commits
+//
+// Apply validates a batch against the index, applies it there and appends
+// its record to the journal with one write(2), all under one mutex; a
+// failing batch changes nothing. Then, outside that mutex, in SyncFull it
+// waits until an fdatasync covers the record: the first waiter syncs for
+// everyone whose record was written before it started (group commit), so N
+// concurrent commits share one fsync. SyncNormal and SyncOff do not sync: a
+// write(2) survives a kill -9. Only once the record is durable are the file
+// operations done (body written to a temp file and renamed into place,
+// renamed between state directories, unlinked), in journal order by
+// whichever caller gets there first. A body file is therefore never removed
+// or replaced before the record that says so is durable, and until the
+// next checkpoint the journal holds every new body, so body files need no
+// fsync of their own. Reads come from the index; Body reads the file, or
+// the in-memory copy of a body whose file is not written yet.
+//
+// A failed fsync or file operation puts the store in a failed state: every
+// later change returns an error, and the next Open repairs from the journal.
+//
+// # Checkpoints
+//
+// When the journal outgrows max(16 MiB, snapshot size), and at Close, a
+// checkpoint rotates the journal (journal becomes journal.old, a fresh
+// journal takes new commits), takes a copy-on-write clone of the index,
+// finishes the file operations of the old journal, syncfs(2)s the store so
+// every body file is durable, writes the snapshot and removes journal.old.
+// Commits go on meanwhile.
+//
+// # Open and repair
+//
+// Open loads the snapshot, replays journal.old and journal, then reconciles
+// the tree with the metadata: temp files are removed, a body found at the
+// wrong path (a rename the crash cut off) is moved where its metadata says
+// (the ID xattr tells whose a file is; without xattrs, the paths the
+// journal gave its message), a body missing or damaged on disk is written
+// from its journal record, a file that holds a deleted message's body is
+// removed, and files nothing explains go to lost+found. Only paths the
+// replayed journal touched are checked closely: the others are as the last
+// checkpoint synced them. A message whose
+// body is nowhere is dropped with an error in the log (only a power cut in
+// SyncNormal or SyncOff can cause that). Every repair is logged. If
+// anything was replayed or repaired, Open ends with a checkpoint.
+package fs

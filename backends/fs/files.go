@@ -1,0 +1,275 @@
+package fs
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+
+	"yirangmq/queuecore"
+)
+
+// fileOpKind is what a file operation does to the tree.
+type fileOpKind uint8
+
+const (
+	opWrite   fileOpKind = iota + 1 // write body to path to (temp file, xattr, rename)
+	opRename                        // rename from to to
+	opRemove                        // unlink from
+	opMkQueue                       // create queue to's directories
+	opRmQueue                       // move queue from's tree to the trash (id is the record's lsn)
+)
+
+// fileOp is one change to the tree, derived from a committed record.
+type fileOp struct {
+	kind     fileOpKind
+	id       uint64
+	from, to string
+	body     *pendingBody
+}
+
+// pendingRecord is a committed record whose file operations are not done.
+type pendingRecord struct {
+	end int64 // logical position of the record's end in the journal
+	ops []fileOp
+}
+
+// pendingBody is the body of an insert until its file is written. It
+// shares the bytes of the journal frame.
+type pendingBody struct {
+	data []byte
+}
+
+// fileOpsFor derives the file operations of a committed batch and notes,
+// under mu, which messages have some pending.
+func (s *Store) fileOpsFor(changes []change, ops []queuecore.Op, frame []byte, bodyAt []int) []fileOp {
+	var out []fileOp
+	for i, c := range changes {
+		var op fileOp
+		switch {
+		case c.old == nil:
+			n := len(ops[i].Body)
+			pb := &pendingBody{data: frame[bodyAt[i] : bodyAt[i]+n : bodyAt[i]+n]}
+			s.unwritten[c.new.id] = pb
+			op = fileOp{kind: opWrite, id: c.new.id, to: s.entryPath(c.new), body: pb}
+		case c.new == nil:
+			op = fileOp{kind: opRemove, id: c.old.id, from: s.entryPath(c.old)}
+		default:
+			if c.old.q == c.new.q && c.old.state == c.new.state && c.old.name() == c.new.name() {
+				continue // metadata only
+			}
+			op = fileOp{kind: opRename, id: c.new.id, from: s.entryPath(c.old), to: s.entryPath(c.new)}
+		}
+		s.busy[op.id]++
+		out = append(out, op)
+	}
+	return out
+}
+
+// runFileOps does the file operations of every durable pending record, in
+// journal order, unless someone else already did them up to pos. A failed
+// operation fails the store; the operations after it stay undone (the
+// journal still has them for the next Open).
+func (s *Store) runFileOps(pos int64) {
+	s.fileMu.Lock()
+	defer s.fileMu.Unlock()
+	if s.applied >= pos {
+		return
+	}
+	s.mu.Lock()
+	if s.failErr != nil {
+		// After a failure the tree is left as it is for the next Open to repair.
+		s.mu.Unlock()
+		return
+	}
+	durable := s.synced.Load()
+	n := 0
+	for n < len(s.pending) && s.pending[n].end <= durable {
+		n++
+	}
+	recs := s.pending[:n:n]
+	if n == len(s.pending) {
+		s.pending = nil
+	} else {
+		s.pending = append([]pendingRecord(nil), s.pending[n:]...)
+	}
+	s.mu.Unlock()
+
+	var err error
+	done := make([]*fileOp, 0, n)
+	for i := range recs {
+		for j := range recs[i].ops {
+			op := &recs[i].ops[j]
+			if err = s.doFileOp(op); err != nil {
+				break
+			}
+			done = append(done, op)
+		}
+		if err != nil {
+			break
+		}
+	}
+
+	s.mu.Lock()
+	for _, op := range done {
+		if s.busy[op.id]--; s.busy[op.id] <= 0 {
+			delete(s.busy, op.id)
+		}
+		if op.kind == opWrite && s.unwritten[op.id] == op.body {
+			delete(s.unwritten, op.id)
+		}
+	}
+	if err != nil {
+		s.failLocked(err)
+	}
+	s.applied = max(s.applied, durable)
+	close(s.progress)
+	s.progress = make(chan struct{})
+	s.mu.Unlock()
+}
+
+func (s *Store) doFileOp(op *fileOp) error {
+	switch op.kind {
+	case opWrite:
+		return s.writeBody(op.to, op.id, op.body.data)
+	case opRename:
+		err := renameMkdir(op.from, op.to)
+		if errors.Is(err, os.ErrNotExist) {
+			s.log.Warn("body file to move is missing", logID, op.id, logPath, op.from)
+			return nil
+		}
+		return err
+	case opRemove:
+		err := os.Remove(op.from)
+		if errors.Is(err, os.ErrNotExist) {
+			s.log.Warn("body file to remove is missing", logID, op.id, logPath, op.from)
+			return nil
+		}
+		return err
+	case opMkQueue:
+		return s.mkQueueDirs(op.to)
+	case opRmQueue:
+		return s.trashQueue(op.from, op.id)
+	}
+	return fmt.Errorf("file op %d: %w", op.kind, errBadOp)
+}
+
+// renameMkdir renames, creating the target's directory if it is missing.
+func renameMkdir(from, to string) error {
+	err := unix.Rename(from, to)
+	if err == unix.ENOENT {
+		if _, serr := os.Lstat(from); serr == nil {
+			if err = os.MkdirAll(filepath.Dir(to), 0o700); err == nil {
+				err = unix.Rename(from, to)
+			}
+		}
+	}
+	if err != nil {
+		return &os.LinkError{Op: "rename", Old: from, New: to, Err: err}
+	}
+	return nil
+}
+
+// writeBody writes a body file: a temp file in the same directory, the
+// message ID as an xattr (so that a repair can tell whose a stray file
+// is), then a rename, so the name never shows a partial body. No fsync:
+// the journal holds the body until a checkpoint syncs the file system.
+func (s *Store) writeBody(path string, id uint64, body []byte) error {
+	dir := filepath.Dir(path)
+	tmp := dir + "/" + tempPrefix + "w" + strconv.FormatUint(id, 10)
+	fd, err := unix.Open(tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_CLOEXEC, 0o600)
+	if err == unix.ENOENT {
+		if err = os.MkdirAll(dir, 0o700); err == nil {
+			fd, err = unix.Open(tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_CLOEXEC, 0o600)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("write body of message %d: %w", id, &os.PathError{Op: "open", Path: tmp, Err: err})
+	}
+	err = writeAll(fd, body)
+	if err == nil && !s.noXattr.Load() {
+		if xerr := unix.Fsetxattr(fd, idXattr, strconv.AppendUint(nil, id, 10), 0); xerr != nil {
+			if xerr == unix.ENOTSUP || xerr == unix.EOPNOTSUPP {
+				s.noXattr.Store(true)
+				s.log.Warn("the file system refuses user xattrs; repairs after a crash will know less", logErr, xerr)
+			} else {
+				err = xerr
+			}
+		}
+	}
+	if cerr := unix.Close(fd); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = unix.Rename(tmp, path)
+	}
+	if err != nil {
+		unix.Unlink(tmp)
+		return fmt.Errorf("write body of message %d: %w", id, &os.PathError{Op: "write", Path: path, Err: err})
+	}
+	return nil
+}
+
+func writeAll(fd int, b []byte) error {
+	for len(b) > 0 {
+		n, err := unix.Write(fd, b)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
+// readOwner reads the message ID xattr of a body file.
+func readOwner(path string) (uint64, bool) {
+	var buf [24]byte
+	n, err := unix.Lgetxattr(path, idXattr, buf[:])
+	if err != nil || n <= 0 {
+		return 0, false
+	}
+	id, err := strconv.ParseUint(string(buf[:n]), 10, 64)
+	return id, err == nil
+}
+
+// mkQueueDirs creates a queue's directory and its state directories.
+func (s *Store) mkQueueDirs(name string) error {
+	for _, st := range queuecore.States {
+		if err := os.MkdirAll(filepath.Join(s.qdir, name, st.Dir()), 0o700); err != nil {
+			return fmt.Errorf("create queue directory: %w", err)
+		}
+	}
+	return nil
+}
+
+// trashQueue moves a deleted queue's tree out of queues/ (one rename, so a
+// re-created queue of the same name starts empty at once) and removes it
+// in the background.
+func (s *Store) trashQueue(name string, lsn uint64) error {
+	from := filepath.Join(s.qdir, name)
+	trash := filepath.Join(s.dir, trashDir)
+	if err := os.MkdirAll(trash, 0o700); err != nil {
+		return fmt.Errorf("create trash: %w", err)
+	}
+	to := filepath.Join(trash, name+"."+strconv.FormatUint(lsn, 10))
+	if err := os.Rename(from, to); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("move deleted queue to trash: %w", err)
+	}
+	s.trashWG.Add(1)
+	go func() {
+		defer s.trashWG.Done()
+		if err := os.RemoveAll(to); err != nil {
+			s.log.Warn("remove deleted queue", logPath, to, logErr, err)
+		}
+	}()
+	return nil
+}

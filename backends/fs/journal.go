@@ -1,0 +1,325 @@
+package fs
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"strconv"
+
+	"yirangmq/queuecore"
+)
+
+// A journal record is a frame: "#LLLLLLLL CCCCCCCC\n" (payload length and
+// CRC-32C of the payload, 8 lowercase hex digits each), then the payload:
+//
+//	{"lsn":7,"ops":[{"op":"insert","body":11,"msg":{...}},{"op":"update","msg":{...}},{"op":"delete","id":3}]}\n
+//	<the bodies of the inserts, raw, one after the other>
+//
+// or {"lsn":8,"put_queue":{...}}\n or {"lsn":9,"delete_queue":"jobs"}\n.
+const (
+	frameHeaderLen = 19
+	maxPayload     = 1<<31 - 1
+)
+
+var crcTable = crc32.MakeTable(crc32.Castagnoli)
+
+// journal is one journal file. Positions in the store are logical: base is
+// the position of the file's first byte, so that positions keep growing
+// across a rotation.
+//
+// The file is extended with zeros ahead of the records (zeroed), a chunk at
+// a time: an fdatasync of a write over allocated blocks only flushes data,
+// while one of an append also updates the file's size and block map, which
+// costs about 1.5 times as much on this kind of machine (BASELINES.md).
+// Replay reads a header of zeros as the end of the journal.
+type journal struct {
+	f      *os.File
+	base   int64
+	size   int64 // bytes of records
+	zeroed int64 // bytes of the file: records, then zeros
+}
+
+func (j *journal) end() int64 { return j.base + j.size }
+
+// zeroChunk is how far ahead of its records a journal is extended.
+const zeroChunk = 1 << 20
+
+// reserve makes sure n more bytes of records fall on allocated zeros.
+func (j *journal) reserve(n int) error {
+	need := j.size + int64(n)
+	if need <= j.zeroed {
+		return nil
+	}
+	grow := max(zeroChunk, need-j.zeroed)
+	zeros := make([]byte, min(grow, zeroChunk))
+	for off := j.zeroed; off < j.zeroed+grow; off += int64(len(zeros)) {
+		k := min(int64(len(zeros)), j.zeroed+grow-off)
+		if _, err := j.f.WriteAt(zeros[:k], off); err != nil {
+			return fmt.Errorf("extend journal: %w", err)
+		}
+	}
+	j.zeroed += grow
+	return nil
+}
+
+// newFrame starts a frame: header space, then the payload is appended.
+func newFrame(sizeHint int) []byte {
+	return make([]byte, frameHeaderLen, frameHeaderLen+sizeHint)
+}
+
+// sealFrame fills in the header of a frame built on newFrame.
+func sealFrame(b []byte) []byte {
+	payload := b[frameHeaderLen:]
+	h := b[:0]
+	h = append(h, '#')
+	h = appendHex32(h, uint32(len(payload)))
+	h = append(h, ' ')
+	h = appendHex32(h, crc32.Checksum(payload, crcTable))
+	_ = append(h, '\n') // h shares b's first frameHeaderLen bytes
+	return b
+}
+
+func appendHex32(b []byte, v uint32) []byte {
+	for shift := 28; shift >= 0; shift -= 4 {
+		b = append(b, hexDigits[(v>>uint(shift))&0xf])
+	}
+	return b
+}
+
+// parseFrameHeader reads a header; ok is false for anything else (a torn
+// or zeroed tail).
+func parseFrameHeader(h []byte) (n int, crc uint32, ok bool) {
+	if len(h) != frameHeaderLen || h[0] != '#' || h[9] != ' ' || h[18] != '\n' {
+		return 0, 0, false
+	}
+	l, err1 := strconv.ParseUint(string(h[1:9]), 16, 32)
+	c, err2 := strconv.ParseUint(string(h[10:18]), 16, 32)
+	if err1 != nil || err2 != nil || l > maxPayload {
+		return 0, 0, false
+	}
+	return int(l), uint32(c), true
+}
+
+// encodeApplyRecord frames a batch. bodyAt[i] is where op i's body starts
+// in the frame (inserts only), so that the in-memory copy of a body whose
+// file is not written yet can share the frame's bytes.
+func encodeApplyRecord(lsn uint64, ops []queuecore.Op) (frame []byte, bodyAt []int) {
+	hint := 32
+	for i := range ops {
+		hint += 200 + len(ops[i].Msg.Name) + len(ops[i].Msg.Consumer) + len(ops[i].Msg.ReasonMessage) + len(ops[i].Body)
+	}
+	b := newFrame(hint)
+	b = append(b, `{"lsn":`...)
+	b = strconv.AppendUint(b, lsn, 10)
+	b = append(b, `,"ops":[`...)
+	for i := range ops {
+		op := &ops[i]
+		if i > 0 {
+			b = append(b, ',')
+		}
+		switch op.Kind {
+		case queuecore.OpInsert:
+			b = append(b, `{"op":"insert","body":`...)
+			b = strconv.AppendInt(b, int64(len(op.Body)), 10)
+			b = append(b, `,"msg":`...)
+			b = appendMessageJSON(b, &op.Msg)
+		case queuecore.OpUpdate:
+			b = append(b, `{"op":"update","msg":`...)
+			b = appendMessageJSON(b, &op.Msg)
+		case queuecore.OpDelete:
+			b = append(b, `{"op":"delete","id":`...)
+			b = strconv.AppendUint(b, op.Msg.ID, 10)
+		}
+		b = append(b, '}')
+	}
+	b = append(b, "]}\n"...)
+	bodyAt = make([]int, len(ops))
+	for i := range ops {
+		if ops[i].Kind == queuecore.OpInsert {
+			bodyAt[i] = len(b)
+			b = append(b, ops[i].Body...)
+		}
+	}
+	return sealFrame(b), bodyAt
+}
+
+func encodePutQueueRecord(lsn uint64, q *queuecore.QueueInfo) []byte {
+	b := newFrame(128 + len(q.Policy))
+	b = append(b, `{"lsn":`...)
+	b = strconv.AppendUint(b, lsn, 10)
+	b = append(b, `,"put_queue":`...)
+	b = appendQueueJSON(b, q)
+	b = append(b, "}\n"...)
+	return sealFrame(b)
+}
+
+func encodeDeleteQueueRecord(lsn uint64, name string) []byte {
+	b := newFrame(64 + len(name))
+	b = append(b, `{"lsn":`...)
+	b = strconv.AppendUint(b, lsn, 10)
+	b = append(b, `,"delete_queue":`...)
+	b = appendQuoted(b, name)
+	b = append(b, "}\n"...)
+	return sealFrame(b)
+}
+
+// record is a decoded journal record: one of ops, putQueue or deleteQueue.
+type record struct {
+	lsn         uint64
+	ops         []queuecore.Op // bodies point into the payload
+	bodyAt      []int          // offset of op i's body in the payload
+	putQueue    *queuecore.QueueInfo
+	deleteQueue string
+}
+
+var errBadRecord = errors.New("bad journal record")
+
+func decodeRecord(payload []byte) (*record, error) {
+	nl := 0
+	for nl < len(payload) && payload[nl] != '\n' {
+		nl++
+	}
+	if nl == len(payload) {
+		return nil, fmt.Errorf("%w: no end of line", errBadRecord)
+	}
+	rec := &record{}
+	var bodyLen []int
+	r := &jsonReader{b: payload[:nl]}
+	hasLSN := false
+	err := r.object(func(key []byte) error {
+		var err error
+		switch string(key) {
+		case "lsn":
+			rec.lsn, err = r.uint(1<<63 - 1)
+			hasLSN = true
+		case "ops":
+			err = r.array(func() error {
+				var op queuecore.Op
+				n := -1
+				err := r.object(func(key []byte) error {
+					var err error
+					switch string(key) {
+					case "op":
+						var kind string
+						kind, err = r.text(false)
+						switch kind {
+						case "insert":
+							op.Kind = queuecore.OpInsert
+						case "update":
+							op.Kind = queuecore.OpUpdate
+						case "delete":
+							op.Kind = queuecore.OpDelete
+						default:
+							err = fmt.Errorf("%w: op %q", errBadRecord, kind)
+						}
+					case "body":
+						var v uint64
+						v, err = r.uint(maxPayload)
+						n = int(v)
+					case "msg":
+						op.Msg, err = decodeMessageJSON(r)
+					case "id":
+						op.Msg.ID, err = r.uint(1<<64 - 1)
+					default:
+						err = r.skip()
+					}
+					return err
+				})
+				if err != nil {
+					return err
+				}
+				if op.Kind == 0 || (op.Kind == queuecore.OpInsert) != (n >= 0) {
+					return fmt.Errorf("%w: op without kind or body", errBadRecord)
+				}
+				rec.ops = append(rec.ops, op)
+				bodyLen = append(bodyLen, n)
+				return nil
+			})
+		case "put_queue":
+			var q queuecore.QueueInfo
+			q, err = decodeQueueJSON(r)
+			rec.putQueue = &q
+		case "delete_queue":
+			rec.deleteQueue, err = r.text(false)
+		default:
+			err = r.skip()
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errBadRecord, err)
+	}
+	if !hasLSN {
+		return nil, fmt.Errorf("%w: no lsn", errBadRecord)
+	}
+	off := nl + 1
+	rec.bodyAt = make([]int, len(rec.ops))
+	for i, n := range bodyLen {
+		if n < 0 {
+			continue
+		}
+		if n > len(payload)-off {
+			return nil, fmt.Errorf("%w: bodies longer than the record", errBadRecord)
+		}
+		rec.bodyAt[i] = off
+		rec.ops[i].Body = payload[off : off+n : off+n]
+		off += n
+	}
+	if off != len(payload) {
+		return nil, fmt.Errorf("%w: %d bytes after the bodies", errBadRecord, len(payload)-off)
+	}
+	return rec, nil
+}
+
+// scanJournal reads the frames of f from the start and calls fn with each
+// intact one's payload and the file offset where that payload starts. It
+// stops at the end of the file or at the first frame that is cut short or
+// fails its CRC (torn), and returns the offset just past the last intact
+// frame. An error from fn stops the scan; errStaleRecord from fn stops it
+// as if the frame were torn.
+func scanJournal(f *os.File, fn func(off int64, payload []byte) error) (good int64, torn bool, err error) {
+	st, err := f.Stat()
+	if err != nil {
+		return 0, false, err
+	}
+	size := st.Size()
+	br := bufio.NewReaderSize(io.NewSectionReader(f, 0, size), 1<<20)
+	var hdr [frameHeaderLen]byte
+	for {
+		n, err := io.ReadFull(br, hdr[:])
+		if err == io.EOF || n > 0 && hdr[0] == 0 {
+			return good, false, nil // the end, or the zeros ahead of it
+		}
+		if err == io.ErrUnexpectedEOF {
+			return good, true, nil
+		}
+		if err != nil {
+			return good, false, err
+		}
+		plen, crc, ok := parseFrameHeader(hdr[:])
+		if !ok || int64(plen) > size-good-frameHeaderLen {
+			return good, true, nil
+		}
+		payload := make([]byte, plen)
+		if _, err := io.ReadFull(br, payload); err != nil {
+			return good, true, nil
+		}
+		if crc32.Checksum(payload, crcTable) != crc {
+			return good, true, nil
+		}
+		if err := fn(good+frameHeaderLen, payload); err != nil {
+			if errors.Is(err, errStaleRecord) {
+				return good, true, nil
+			}
+			return good, false, err
+		}
+		good += frameHeaderLen + int64(plen)
+	}
+}
+
+// errStaleRecord: a record older than the one before it in the same file,
+// left behind a truncation that did not reach the disk.
+var errStaleRecord = errors.New("stale journal record")

@@ -1,0 +1,220 @@
+package fs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"yirangmq/queuecore"
+)
+
+// replayState is what replaying the journals learns for the repair.
+type replayState struct {
+	records       int
+	skipped       int
+	tornTails     int
+	files         []*os.File          // the journals, for reading bodies
+	bodies        map[uint64]bodyRef  // bodies of live messages inserted by replayed records
+	touched       map[string]bool     // body paths replayed records wrote, moved or removed
+	history       map[uint64][]string // earlier paths of messages that replayed records moved
+	deletedQueues map[string]bool     // queues a replayed record deleted
+}
+
+// bodyRef is where a body lies in a journal file.
+type bodyRef struct {
+	file int
+	off  int64
+	n    int
+}
+
+func (rs *replayState) close() {
+	for _, f := range rs.files {
+		f.Close()
+	}
+}
+
+// read returns the body ref points to.
+func (rs *replayState) read(ref bodyRef) ([]byte, error) {
+	b := make([]byte, ref.n)
+	if _, err := rs.files[ref.file].ReadAt(b, ref.off); err != nil {
+		return nil, fmt.Errorf("read body from journal: %w", err)
+	}
+	return b, nil
+}
+
+// isTouched says whether the replayed records could have changed path.
+func (rs *replayState) isTouched(queue, path string) bool {
+	return rs.touched[path] || rs.deletedQueues[queue]
+}
+
+// recover loads the store at Open: snapshot, journals, reconciliation, and
+// a checkpoint if anything was replayed or repaired.
+func (s *Store) recover(ctx context.Context) error {
+	if err := os.MkdirAll(s.qdir, 0o700); err != nil {
+		return err
+	}
+	if err := os.Remove(filepath.Join(s.dir, tempPrefix+snapshotName)); err == nil {
+		s.log.Info("removed an unfinished snapshot")
+	}
+	snap, err := readSnapshot(s.dir, s.ix)
+	if err != nil {
+		return err
+	}
+	s.lsn = snap.lsn
+	s.ckptAt = max(s.cfg.checkpointBytes, snap.size)
+
+	rs := &replayState{
+		bodies:        map[uint64]bodyRef{},
+		touched:       map[string]bool{},
+		history:       map[uint64][]string{},
+		deletedQueues: map[string]bool{},
+	}
+	defer rs.close()
+	dirty := false
+	for _, name := range []string{oldJournalName, journalName} {
+		nonEmpty, err := s.replayJournal(name, rs)
+		if err != nil {
+			return err
+		}
+		dirty = dirty || nonEmpty
+	}
+	repairs, err := s.reconcile(ctx, rs)
+	if err != nil {
+		return fmt.Errorf("repair: %w", err)
+	}
+	if rs.records > 0 || rs.skipped > 0 || rs.tornTails > 0 {
+		s.log.Info("replayed the journal", logCount, rs.records, logSkipped, rs.skipped, logTorn, rs.tornTails, logLSN, s.lsn)
+	}
+	if dirty || repairs > 0 {
+		return s.checkpointAtOpen()
+	}
+	path := filepath.Join(s.dir, journalName)
+	_, statErr := os.Lstat(path)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("open journal: %w", err)
+	}
+	s.cur.Store(&journal{f: f})
+	if statErr != nil && s.opts.Sync != queuecore.SyncOff {
+		// A new store: its journal's name must be durable before a commit is.
+		if err := syncDir(s.dir); err != nil {
+			return err
+		}
+		if err := syncDir(filepath.Dir(filepath.Clean(s.dir))); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// replayJournal applies the records of one journal file that the snapshot
+// does not hold. A torn tail is cut off. nonEmpty says whether the file
+// held anything.
+func (s *Store) replayJournal(name string, rs *replayState) (nonEmpty bool, err error) {
+	path := filepath.Join(s.dir, name)
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("open %s: %w", name, err)
+	}
+	file := len(rs.files)
+	rs.files = append(rs.files, f)
+	fi, err := f.Stat()
+	if err != nil {
+		return false, err
+	}
+	var last uint64 // lsn of the record before, in this file
+	good, torn, err := scanJournal(f, func(off int64, payload []byte) error {
+		rec, err := decodeRecord(payload)
+		if err != nil {
+			return fmt.Errorf("%s at byte %d: %w", name, off-frameHeaderLen, err)
+		}
+		if last != 0 && rec.lsn <= last {
+			return errStaleRecord
+		}
+		last = rec.lsn
+		if rec.lsn <= s.lsn {
+			return nil // the snapshot holds it: a crash came between snapshot and truncation
+		}
+		if rec.lsn != s.lsn+1 {
+			s.log.Warn("the journal skips records", logAfterLSN, s.lsn, logLSN, rec.lsn, logJournal, name)
+		}
+		s.replayRecord(rec, rs, file, off)
+		s.lsn = rec.lsn
+		rs.records++
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("replay %s: %w", name, err)
+	}
+	if torn {
+		rs.tornTails++
+		s.log.Warn("ignored the torn tail of the journal (a crash cut a write short)",
+			logJournal, name, logOffset, good)
+		if err := f.Truncate(good); err != nil {
+			return false, fmt.Errorf("cut torn tail of %s: %w", name, err)
+		}
+	}
+	return fi.Size() > 0 || name == oldJournalName, nil
+}
+
+// replayRecord applies one record to the index. A record that does not
+// apply (which only a damaged journal can hold) is logged and skipped.
+func (s *Store) replayRecord(rec *record, rs *replayState, file int, off int64) {
+	switch {
+	case rec.putQueue != nil:
+		if err := checkQueueName(rec.putQueue.Name); err != nil {
+			s.log.Error("journal record does not apply; skipped", logLSN, rec.lsn, logErr, err)
+			rs.skipped++
+			return
+		}
+		s.ix.putQueue(*rec.putQueue)
+	case rec.deleteQueue != "":
+		q := s.ix.queues[rec.deleteQueue]
+		if q == nil {
+			s.log.Error("journal record deletes an unknown queue; skipped", logLSN, rec.lsn, logQueue, rec.deleteQueue)
+			rs.skipped++
+			return
+		}
+		for _, st := range queuecore.States {
+			q.byState[st].Ascend(func(e *entry) bool {
+				delete(rs.bodies, e.id)
+				return true
+			})
+		}
+		s.ix.deleteQueue(q)
+		rs.deletedQueues[q.name] = true
+	default:
+		changes, err := s.ix.applyOps(rec.ops)
+		if err != nil {
+			s.log.Error("journal record does not apply; skipped", logLSN, rec.lsn, logErr, err)
+			rs.skipped++
+			return
+		}
+		s.ix.noteIDs(changes)
+		for i, c := range changes {
+			var oldPath, newPath string
+			if c.old != nil {
+				oldPath = s.entryPath(c.old)
+				rs.touched[oldPath] = true
+			}
+			if c.new != nil {
+				newPath = s.entryPath(c.new)
+				rs.touched[newPath] = true
+			}
+			switch {
+			case c.old == nil:
+				rs.bodies[c.new.id] = bodyRef{file: file, off: off + int64(rec.bodyAt[i]), n: len(rec.ops[i].Body)}
+			case c.new == nil:
+				delete(rs.bodies, c.old.id)
+				delete(rs.history, c.old.id)
+			case oldPath != newPath:
+				rs.history[c.new.id] = append(rs.history[c.new.id], oldPath)
+			}
+		}
+	}
+}

@@ -1,0 +1,397 @@
+package fs
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"yirangmq/backends"
+	"yirangmq/queuecore"
+)
+
+var _ queuecore.Store = (*Store)(nil)
+
+// Names inside the store directory.
+const (
+	queuesDir      = "queues"
+	trashDir       = "trash"
+	lostFoundDir   = "lost+found"
+	snapshotName   = "snapshot"
+	journalName    = "journal"
+	oldJournalName = "journal.old"
+	tempPrefix     = "." // temp files start with a dot, which no message name does
+	idXattr        = "user.yirangmq.id"
+)
+
+// Log keys.
+const (
+	logDir      = "dir"
+	logPath     = "path"
+	logFrom     = "from"
+	logTo       = "to"
+	logID       = "id"
+	logErr      = "err"
+	logCount    = "count"
+	logBytes    = "bytes"
+	logLSN      = "lsn"
+	logAfterLSN = "after_lsn"
+	logQueue    = "queue"
+	logJournal  = "journal"
+	logOffset   = "offset"
+	logTook     = "took"
+	logSkipped  = "skipped"
+	logTorn     = "torn_tails"
+)
+
+// defaultCheckpointBytes is the least journal size that triggers a
+// checkpoint; a larger snapshot raises it, so that writing snapshots costs
+// at most as much as the journal they replace.
+const defaultCheckpointBytes = 16 << 20
+
+var errBadOp = errors.New("invalid op")
+
+// config holds what tests tune.
+type config struct {
+	checkpointBytes int64
+	fdatasync       func(fd int) error // nil: unix.Fdatasync; tests make it fail
+}
+
+func (s *Store) fdatasync(f *os.File) error {
+	if s.cfg.fdatasync != nil {
+		return s.cfg.fdatasync(int(f.Fd()))
+	}
+	return unix.Fdatasync(int(f.Fd()))
+}
+
+// Store is the plain-directory store. See the package comment.
+type Store struct {
+	dir  string
+	qdir string // dir/queues
+	opts backends.Options
+	log  *slog.Logger
+	cfg  config
+	lock *backends.Lock
+
+	// mu guards the index and everything below up to the next comment.
+	// Commits hold it to validate, apply and append; reads share it.
+	mu          sync.RWMutex
+	ix          *index
+	lsn         uint64                  // of the last committed record
+	pending     []pendingRecord         // committed records whose file operations are not done, in order
+	unwritten   map[uint64]*pendingBody // bodies whose file is not written yet
+	busy        map[uint64]int32        // file operations not done, per message
+	progress    chan struct{}           // closed and replaced whenever file operations progress
+	failErr     error                   // set once: the store refuses changes
+	closed      bool
+	sinceCkpt   int64 // journal bytes since the last rotation
+	ckptAt      int64 // sinceCkpt that triggers a checkpoint
+	ckptRunning bool
+	inflight    sync.WaitGroup // commits that have not returned
+
+	cur     atomic.Pointer[journal] // the journal appended to; replaced under mu
+	written atomic.Int64            // logical end of what has been written to the journal
+	synced  atomic.Int64            // logical end of what is durable in the store's SyncMode
+	syncMu  sync.Mutex              // held by the group-commit leader while it syncs
+	fsyncs  atomic.Int64            // journal fdatasyncs done by commits (for tests and benchmarks)
+
+	// fileMu orders file operations: held for writing while they are done,
+	// for reading while Body reads a file, so that a body file is not moved
+	// between finding its path and opening it.
+	fileMu  sync.RWMutex
+	applied int64 // logical position up to which file operations are done
+
+	bg      sync.WaitGroup // background checkpoint
+	trashWG sync.WaitGroup // removal of deleted queues' trees
+	noXattr atomic.Bool    // the file system refused user xattrs
+}
+
+// Open opens (creating if needed) the store in dir, taking its lock, and
+// recovers it: snapshot, journal replay, reconciliation of the tree.
+func Open(ctx context.Context, dir string, opts backends.Options) (*Store, error) {
+	return open(ctx, dir, opts, config{checkpointBytes: defaultCheckpointBytes})
+}
+
+func open(ctx context.Context, dir string, opts backends.Options, cfg config) (*Store, error) {
+	switch opts.Sync {
+	case queuecore.SyncFull, queuecore.SyncNormal, queuecore.SyncOff:
+	default:
+		return nil, fmt.Errorf("open fs store: sync mode %d: %w", opts.Sync, errBadOp)
+	}
+	lock, err := backends.LockStore(dir, opts.Holder)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{
+		dir:       dir,
+		qdir:      filepath.Join(dir, queuesDir),
+		opts:      opts,
+		log:       opts.Log().With(logDir, dir),
+		cfg:       cfg,
+		lock:      lock,
+		ix:        newIndex(),
+		unwritten: map[uint64]*pendingBody{},
+		busy:      map[uint64]int32{},
+		progress:  make(chan struct{}),
+		ckptAt:    cfg.checkpointBytes,
+	}
+	if err := s.recover(ctx); err != nil {
+		if j := s.cur.Load(); j != nil {
+			j.f.Close()
+		}
+		lock.Unlock()
+		return nil, fmt.Errorf("open fs store %s: %w", dir, err)
+	}
+	return s, nil
+}
+
+// Close finishes pending commits, checkpoints and releases the lock.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	s.inflight.Wait()
+	s.bg.Wait()
+
+	var errs []error
+	s.mu.RLock()
+	failed, dirty := s.failErr, s.sinceCkpt > 0
+	s.mu.RUnlock()
+	if failed != nil {
+		errs = append(errs, fmt.Errorf("close fs store %s: not checkpointed, the store failed: %w", s.dir, failed))
+	} else if dirty {
+		if err := s.checkpoint(); err != nil {
+			errs = append(errs, fmt.Errorf("close fs store %s: %w", s.dir, err))
+		}
+	}
+	s.trashWG.Wait()
+	if j := s.cur.Load(); j != nil {
+		if err := j.f.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close journal: %w", err))
+		}
+	}
+	if err := s.lock.Unlock(); err != nil {
+		errs = append(errs, fmt.Errorf("unlock: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// writableLocked says whether the store takes changes.
+func (s *Store) writableLocked() error {
+	if s.closed {
+		return fmt.Errorf("fs store %s: %w", s.dir, queuecore.ErrClosed)
+	}
+	if s.failErr != nil {
+		return fmt.Errorf("fs store %s failed earlier: %w", s.dir, s.failErr)
+	}
+	return nil
+}
+
+// failLocked puts the store in the failed state: it refuses every later
+// change, since what is on disk is no longer known (a failed fsync may
+// have dropped pages). The next Open repairs from the journal.
+func (s *Store) failLocked(err error) {
+	if s.failErr != nil {
+		return
+	}
+	s.failErr = err
+	s.log.Error("fs store failed; it refuses changes until reopened", logErr, err)
+	close(s.progress)
+	s.progress = make(chan struct{})
+}
+
+func (s *Store) failure() error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.failErr
+}
+
+// Queues lists every queue by name.
+func (s *Store) Queues(ctx context.Context) ([]queuecore.QueueInfo, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	qs := s.ix.sortedQueues()
+	out := make([]queuecore.QueueInfo, len(qs))
+	for i, q := range qs {
+		out[i] = q.info
+		out[i].Policy = bytes.Clone(q.info.Policy)
+	}
+	return out, nil
+}
+
+// Lookup finds a queue's live or archived message by name.
+func (s *Store) Lookup(ctx context.Context, queue, name string, archived bool) (queuecore.Message, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if q := s.ix.queues[queue]; q != nil {
+		if e := q.named(name, archived); e != nil {
+			return e.message(), nil
+		}
+	}
+	return queuecore.Message{}, fmt.Errorf("message %q in queue %q: %w", name, queue, queuecore.ErrNotFound)
+}
+
+// smallList is the size up to which List copies a tree's entries under the
+// lock; larger trees are cloned (copy-on-write, O(1)) and walked after.
+const smallList = 256
+
+// List calls fn with the messages of a queue in one state, in (SortKey,
+// Seq) order. It walks a snapshot of the state, so fn runs without a lock.
+func (s *Store) List(ctx context.Context, queue string, state queuecore.State, fn func(queuecore.Message) bool) error {
+	if !state.Valid() {
+		return fmt.Errorf("list: state %d: %w", state, errBadOp)
+	}
+	s.mu.RLock()
+	q := s.ix.queues[queue]
+	if q == nil {
+		s.mu.RUnlock()
+		return fmt.Errorf("list queue %q: %w", queue, queuecore.ErrNotFound)
+	}
+	t := q.byState[state]
+	if t.Len() <= smallList {
+		es := make([]*entry, 0, t.Len())
+		t.Ascend(func(e *entry) bool {
+			es = append(es, e)
+			return true
+		})
+		s.mu.RUnlock()
+		for _, e := range es {
+			if !fn(e.message()) {
+				break
+			}
+		}
+		return nil
+	}
+	s.mu.RUnlock()
+	s.mu.Lock()
+	q = s.ix.queues[queue]
+	if q == nil {
+		s.mu.Unlock()
+		return fmt.Errorf("list queue %q: %w", queue, queuecore.ErrNotFound)
+	}
+	t = q.byState[state].Clone()
+	s.mu.Unlock()
+	t.Ascend(func(e *entry) bool { return fn(e.message()) })
+	return nil
+}
+
+// Due returns up to limit leased or delayed messages due at t, earliest
+// first.
+func (s *Store) Due(ctx context.Context, t time.Time, limit int) ([]queuecore.Message, error) {
+	limit = max(limit, 0)
+	until := toNanos(t)
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var out []queuecore.Message
+	s.ix.due.Ascend(func(e *entry) bool {
+		if len(out) >= limit || e.key > until {
+			return false
+		}
+		out = append(out, e.message())
+		return true
+	})
+	return out, nil
+}
+
+// NextDue is the earliest deadline of a leased or delayed message.
+func (s *Store) NextDue(ctx context.Context) (time.Time, bool, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	e, ok := s.ix.due.Min()
+	if !ok {
+		return time.Time{}, false, nil
+	}
+	return e.deadline(), true, nil
+}
+
+// Counts returns the number and bytes of messages per queue and state;
+// every queue is present, states without messages are left out.
+func (s *Store) Counts(ctx context.Context) (map[string]map[queuecore.State]queuecore.Count, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make(map[string]map[queuecore.State]queuecore.Count, len(s.ix.queues))
+	for name, q := range s.ix.queues {
+		byState := map[queuecore.State]queuecore.Count{}
+		for _, st := range queuecore.States {
+			if c := q.counts[st]; c != (queuecore.Count{}) {
+				byState[st] = c
+			}
+		}
+		out[name] = byState
+	}
+	return out, nil
+}
+
+// MaxID is the largest ID or Seq the store has been given.
+func (s *Store) MaxID(ctx context.Context) (uint64, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.ix.maxID, nil
+}
+
+// Body returns the body of message id. A body whose file is not written
+// yet comes from memory; one whose file is about to move is read once the
+// move is done, so a body is never read from the wrong file.
+func (s *Store) Body(ctx context.Context, id uint64) ([]byte, error) {
+	for {
+		s.fileMu.RLock()
+		s.mu.RLock()
+		e := s.ix.byID[id]
+		if e == nil {
+			s.mu.RUnlock()
+			s.fileMu.RUnlock()
+			return nil, fmt.Errorf("body of message %d: %w", id, queuecore.ErrNotFound)
+		}
+		if pb := s.unwritten[id]; pb != nil {
+			b := bytes.Clone(pb.data)
+			s.mu.RUnlock()
+			s.fileMu.RUnlock()
+			if b == nil {
+				b = []byte{}
+			}
+			return b, nil
+		}
+		if s.busy[id] > 0 {
+			failErr, ch := s.failErr, s.progress
+			s.mu.RUnlock()
+			s.fileMu.RUnlock()
+			if failErr != nil {
+				return nil, fmt.Errorf("body of message %d: the store failed: %w", id, failErr)
+			}
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		path := s.bodyPath(e.q.name, e.state, e.name())
+		s.mu.RUnlock()
+		b, err := os.ReadFile(path)
+		s.fileMu.RUnlock()
+		if err != nil {
+			return nil, fmt.Errorf("body of message %d: %w", id, err)
+		}
+		return b, nil
+	}
+}
+
+// bodyPath is where the body of a message in queue q, state st, named name
+// lives.
+func (s *Store) bodyPath(q string, st queuecore.State, name string) string {
+	return s.qdir + "/" + q + "/" + st.Dir() + "/" + name
+}
+
+func (s *Store) entryPath(e *entry) string { return s.bodyPath(e.q.name, e.state, e.name()) }

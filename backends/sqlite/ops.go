@@ -1,0 +1,332 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"yirangmq/queuecore"
+)
+
+// Apply commits ops atomically, sharing the commit with concurrent calls.
+// It does not keep ops (nor their bodies) after it returns.
+func (s *Store) Apply(_ context.Context, ops []queuecore.Op) error {
+	if len(ops) == 0 {
+		return nil
+	}
+	return s.write(&batch{ops: ops})
+}
+
+// PutQueue creates a queue or replaces its policy and permissions (its
+// creation time stays).
+func (s *Store) PutQueue(_ context.Context, q queuecore.QueueInfo) error {
+	return s.write(&batch{fn: putQueueFn(q)})
+}
+
+// DeleteQueue removes a queue and its messages in one transaction.
+func (s *Store) DeleteQueue(_ context.Context, name string) error {
+	return s.write(&batch{fn: deleteQueueFn(name)})
+}
+
+// Queues lists every queue by name (byte order).
+func (s *Store) Queues(context.Context) ([]queuecore.QueueInfo, error) {
+	var qs []queuecore.QueueInfo
+	err := s.read(func(r *reader) error {
+		rows, err := r.rows(r.queues, 0)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		dest := r.dest[:6]
+		for {
+			if err := rows.Next(dest); err != nil {
+				if errors.Is(err, io.EOF) {
+					return nil
+				}
+				return err
+			}
+			var c scanner
+			q := queuecore.QueueInfo{
+				Name:      c.str(dest[0]),
+				Policy:    c.bytes(dest[1]),
+				UID:       uint32(c.int(dest[2])),
+				GID:       uint32(c.int(dest[3])),
+				Mode:      uint32(c.int(dest[4])),
+				CreatedAt: fromNanos(c.int(dest[5])),
+			}
+			if c.err != nil {
+				return fmt.Errorf("queue %q: %w", q.Name, c.err)
+			}
+			qs = append(qs, q)
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list queues: %w", err)
+	}
+	return qs, nil
+}
+
+// Lookup finds a queue's live (or archived) message by name.
+func (s *Store) Lookup(_ context.Context, queue, name string, archived bool) (queuecore.Message, error) {
+	var m queuecore.Message
+	err := s.readPoint(func(r *reader, _ bool) error {
+		r.args[0].Value = queue
+		r.args[1].Value = name
+		st := r.lookup[0]
+		if archived {
+			st = r.lookup[1]
+		}
+		found, err := r.one(st, 2, r.dest)
+		if err != nil {
+			return err
+		}
+		if !found {
+			return queuecore.ErrNotFound
+		}
+		m, err = scanMessage(r.dest)
+		return err
+	})
+	if err != nil {
+		where := "live"
+		if archived {
+			where = "archived"
+		}
+		return queuecore.Message{}, fmt.Errorf("look up %s message %q in queue %q: %w", where, name, queue, err)
+	}
+	return m, nil
+}
+
+// Body returns the body of message id.
+func (s *Store) Body(_ context.Context, id uint64) ([]byte, error) {
+	var body []byte
+	err := s.readPoint(func(r *reader, _ bool) error {
+		r.args[0].Value = int64(id)
+		dest := r.dest[:1]
+		found, err := r.one(r.body, 1, dest)
+		if err != nil {
+			return err
+		}
+		if !found {
+			return queuecore.ErrNotFound
+		}
+		if dest[0] == nil {
+			return errors.New("body is missing from the store")
+		}
+		var c scanner
+		body = c.bytes(dest[0])
+		return c.err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("body of message %d: %w", id, err)
+	}
+	return body, nil
+}
+
+// listChunk is how many messages List reads on the writer's connection
+// before it lets the writer go: the core's lease wants the first ready
+// message that no consumer is claiming, most often the first. Every row
+// read costs (some 10,000 instructions to decode), so the chunk is small.
+const listChunk = 1
+
+// List streams a queue's messages in one state by (SortKey, Seq) from the
+// messages_order index, one row at a time.
+//
+// When the writer is idle, List reads the first listChunk messages on its
+// connection (see readPoint), lets it go, and only then calls fn with them;
+// if fn asks for more, the rest comes from a reader, from the index after
+// the last message given. Across that seam the list is not one snapshot: a
+// message that a commit moved in between can be missed or given twice, as
+// in a readdir of a directory that changes. The order holds throughout.
+func (s *Store) List(_ context.Context, queue string, state queuecore.State, fn func(queuecore.Message) bool) error {
+	if !state.Valid() {
+		return fmt.Errorf("list %s/%d: invalid state", queue, state)
+	}
+	var (
+		chunk   [listChunk]queuecore.Message
+		n       int
+		last    [3]int64 // sk, seq and id of chunk[n-1]
+		chunked bool     // the chunk was read on the writer
+		rest    bool     // more messages follow the chunk
+	)
+	err := s.readPoint(func(r *reader, onWriter bool) error {
+		r.args[0].Value = queue
+		rows, err := r.rows(r.list[state], 1)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		if !onWriter {
+			return eachMessage(rows, r.dest, fn)
+		}
+		chunked = true
+		for n < listChunk {
+			if err := rows.Next(r.dest); err != nil {
+				if errors.Is(err, io.EOF) {
+					return nil
+				}
+				return err
+			}
+			m, err := scanMessage(r.dest)
+			if err != nil {
+				return err
+			}
+			var c scanner
+			last = [3]int64{c.int(r.dest[4]), int64(m.Seq), int64(m.ID)}
+			if c.err != nil {
+				return c.err
+			}
+			chunk[n] = m
+			n++
+		}
+		rest = true
+		return nil
+	})
+	if err == nil && chunked {
+		for i := range n {
+			if !fn(chunk[i]) {
+				return nil
+			}
+		}
+		if rest {
+			err = s.read(func(r *reader) error {
+				r.args[0].Value = queue
+				r.args[1].Value, r.args[2].Value, r.args[3].Value = last[0], last[1], last[2]
+				rows, err := r.rows(r.listAfter[state], 4)
+				if err != nil {
+					return err
+				}
+				defer rows.Close()
+				return eachMessage(rows, r.dest, fn)
+			})
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("list %s/%s: %w", queue, state, err)
+	}
+	return nil
+}
+
+// eachMessage calls fn with each row until fn returns false.
+func eachMessage(rows driver.Rows, dest []driver.Value, fn func(queuecore.Message) bool) error {
+	for {
+		if err := rows.Next(dest); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		m, err := scanMessage(dest)
+		if err != nil {
+			return err
+		}
+		if !fn(m) {
+			return nil
+		}
+	}
+}
+
+// Due returns up to limit leased or delayed messages due at t, earliest
+// first, from the messages_due index.
+func (s *Store) Due(_ context.Context, t time.Time, limit int) ([]queuecore.Message, error) {
+	if limit <= 0 {
+		return nil, nil
+	}
+	var ms []queuecore.Message
+	err := s.read(func(r *reader) error {
+		r.args[0].Value = t.UnixNano()
+		rows, err := r.rows(r.due, 1)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		return eachMessage(rows, r.dest, func(m queuecore.Message) bool {
+			ms = append(ms, m)
+			return len(ms) < limit
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("due messages: %w", err)
+	}
+	return ms, nil
+}
+
+// NextDue is the earliest deadline of a leased or delayed message.
+func (s *Store) NextDue(context.Context) (time.Time, bool, error) {
+	var t time.Time
+	var ok bool
+	err := s.readPoint(func(r *reader, _ bool) error {
+		dest := r.dest[:1]
+		found, err := r.one(r.nextDue, 0, dest)
+		if err != nil || !found {
+			return err
+		}
+		var c scanner
+		t, ok = fromNanos(c.int(dest[0])), true
+		return c.err
+	})
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("next deadline: %w", err)
+	}
+	return t, ok, nil
+}
+
+// Counts counts messages and bytes per queue and state (a full scan: the
+// core calls it once at start). Queues without messages are absent.
+func (s *Store) Counts(context.Context) (map[string]map[queuecore.State]queuecore.Count, error) {
+	out := map[string]map[queuecore.State]queuecore.Count{}
+	err := s.read(func(r *reader) error {
+		rows, err := r.rows(r.counts, 0)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		dest := r.dest[:4]
+		for {
+			if err := rows.Next(dest); err != nil {
+				if errors.Is(err, io.EOF) {
+					return nil
+				}
+				return err
+			}
+			var c scanner
+			q, st := c.str(dest[0]), queuecore.State(c.int(dest[1]))
+			n, bytes := c.int(dest[2]), c.int(dest[3])
+			if c.err != nil {
+				return fmt.Errorf("count of %s/%s: %w", q, st, c.err)
+			}
+			if out[q] == nil {
+				out[q] = map[queuecore.State]queuecore.Count{}
+			}
+			out[q][st] = queuecore.Count{N: n, Bytes: bytes}
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("count messages: %w", err)
+	}
+	return out, nil
+}
+
+// MaxID is the largest ID or Seq ever given: the largest in the table or
+// the high-water mark the triggers keep for messages that are gone.
+func (s *Store) MaxID(context.Context) (uint64, error) {
+	var n int64
+	err := s.read(func(r *reader) error {
+		dest := r.dest[:1]
+		found, err := r.one(r.maxID, 0, dest)
+		if err != nil {
+			return err
+		}
+		var c scanner
+		if found {
+			n = c.int(dest[0])
+		}
+		return c.err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("max id: %w", err)
+	}
+	return uint64(n), nil
+}

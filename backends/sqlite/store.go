@@ -1,0 +1,310 @@
+package sqlite
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/mattn/go-sqlite3"
+
+	"yirangmq/backends"
+	"yirangmq/queuecore"
+)
+
+// FileName is the database file inside a store directory; SQLite keeps
+// FileName-wal and FileName-shm beside it.
+const FileName = "yirangmq.db"
+
+// Tuning. The page caches are what the store's memory is made of; they
+// are small because the kernel's page cache holds the file too, and a read
+// that misses SQLite's cache costs a pread, not a disk access.
+const (
+	busyTimeout    = 5 * time.Second
+	writerCacheKiB = 8 << 10 // the writer touches the right edge of the indexes and random name pages
+	readerCacheKiB = 2 << 10
+	maxReaders     = 8
+	// A checkpoint copies the WAL into the database file; SQLite runs it
+	// in the commit that crosses this many pages (4 KiB each).
+	walAutocheckpoint = 2000
+	// After a checkpoint that resets it, the WAL file is truncated to this
+	// size, so that one burst does not leave a large file behind.
+	journalSizeLimit = 64 << 20
+)
+
+// Log keys.
+const (
+	logPath = "path"
+	logSync = "sync"
+)
+
+var errClosed = fmt.Errorf("sqlite store: %w", queuecore.ErrClosed)
+
+// Store is a queuecore.Store in a SQLite database.
+type Store struct {
+	path string // of the database file
+	sync queuecore.SyncMode
+	log  *slog.Logger
+	lock *backends.Lock
+
+	// closeMu is held shared by every call in flight and exclusively by
+	// Close, which thus waits for pending Applies and reads.
+	closeMu sync.RWMutex
+	closed  bool
+
+	// Group commit (writer.go), all guarded by groupMu: the batches
+	// queued for the next commit, whether a leader is committing (it then
+	// owns w and spare), and the signal that a commit is done.
+	groupMu    sync.Mutex
+	groupDone  *sync.Cond
+	pending    []*batch
+	committing bool
+	spare      []*batch
+	w          *writer
+
+	// Readers (reader.go): idle ones in idle, readers open in total.
+	idle      chan *reader
+	readersMu sync.Mutex
+	readers   int
+
+	tuning tuning
+	anchor *anchor // vfs.go
+}
+
+// tuning holds what tests and benchmarks vary; Open uses the defaults.
+type tuning struct {
+	// plainVFS opens the database with SQLite's unix VFS, without the
+	// store's VFS and anchor (vfs.go): to measure what they save.
+	plainVFS bool
+	// walAutocheckpoint replaces the constant when not 0.
+	walAutocheckpoint int
+	// pageSize of a new database, when not 0.
+	pageSize int
+}
+
+var _ queuecore.Store = (*Store)(nil)
+
+// Open opens the store in directory dir, creating it if needed. It takes
+// the store's lock first: if another process (or another Open in this one)
+// has the store, the error wraps queuecore.ErrLocked and names the holder.
+func Open(ctx context.Context, dir string, opts backends.Options) (*Store, error) {
+	return open(ctx, dir, opts, tuning{})
+}
+
+func open(ctx context.Context, dir string, opts backends.Options, tun tuning) (*Store, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("open sqlite store: %w", err)
+	}
+	if _, err := syncPragma(opts.Sync); err != nil {
+		return nil, err
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("open sqlite store: %w", err)
+	}
+	lock, err := backends.LockStore(abs, opts.Holder)
+	if err != nil {
+		return nil, fmt.Errorf("open sqlite store: %w", err)
+	}
+	s := &Store{
+		path:   filepath.Join(abs, FileName),
+		sync:   opts.Sync,
+		log:    opts.Log(),
+		lock:   lock,
+		idle:   make(chan *reader, maxReaders),
+		tuning: tun,
+	}
+	s.groupDone = sync.NewCond(&s.groupMu)
+	if err := s.open(); err != nil {
+		s.closeConns()
+		lock.Unlock()
+		return nil, fmt.Errorf("open sqlite store %s: %w", s.path, err)
+	}
+	s.log.Debug("sqlite store open", logPath, s.path, logSync, s.sync.String())
+	return s, nil
+}
+
+// open opens the writer, creates or checks the schema and opens a first
+// reader, so that a store that cannot be read fails here.
+func (s *Store) open() error {
+	if !s.tuning.plainVFS {
+		if err := registerVFS(); err != nil {
+			return err
+		}
+	}
+	c, err := openConn(s.path, s.connOpts(true))
+	if err != nil {
+		return err
+	}
+	if err := migrate(c); err != nil {
+		c.Close()
+		return err
+	}
+	if s.w, err = openWriter(c); err != nil {
+		return err
+	}
+	if !s.tuning.plainVFS {
+		// After the writer: the file exists and is in WAL mode.
+		if s.anchor, err = openAnchor(s.path); err != nil {
+			return err
+		}
+	}
+	r, err := openReader(s.path, s.connOpts(false))
+	if err != nil {
+		return fmt.Errorf("open reader: %w", err)
+	}
+	s.readers = 1
+	s.idle <- r
+	return nil
+}
+
+// connOptions are the per-connection settings.
+type connOptions struct {
+	writer     bool
+	sync       string
+	vfs        string // "" for SQLite's default
+	checkpoint int    // wal_autocheckpoint of the writer
+	pageSize   int    // of a new database; 0 for SQLite's default
+}
+
+func (s *Store) connOpts(writer bool) connOptions {
+	p, _ := syncPragma(s.sync) // checked by Open
+	o := connOptions{writer: writer, sync: p, checkpoint: walAutocheckpoint}
+	if s.tuning.walAutocheckpoint != 0 {
+		o.checkpoint = s.tuning.walAutocheckpoint
+	}
+	o.pageSize = s.tuning.pageSize
+	if !s.tuning.plainVFS {
+		o.vfs = vfsName
+	}
+	return o
+}
+
+func syncPragma(m queuecore.SyncMode) (string, error) {
+	switch m {
+	case queuecore.SyncFull:
+		return "FULL", nil
+	case queuecore.SyncNormal:
+		return "NORMAL", nil
+	case queuecore.SyncOff:
+		return "OFF", nil
+	}
+	return "", fmt.Errorf("open sqlite store: invalid sync mode %d", m)
+}
+
+// openConn opens one connection to the database file and applies the
+// settings.
+func openConn(path string, o connOptions) (*sqlite3.SQLiteConn, error) {
+	// A file: URI, so that no character of the path is taken for the
+	// start of go-sqlite3's options. _mutex=no: SQLite need not lock a
+	// connection that this package never shares between goroutines.
+	q := url.Values{"_mutex": {"no"}, "_busy_timeout": {fmt.Sprint(busyTimeout.Milliseconds())}}
+	if o.vfs != "" {
+		q.Set("vfs", o.vfs)
+	}
+	u := url.URL{Scheme: "file", Path: path, RawQuery: q.Encode()}
+	dc, err := (&sqlite3.SQLiteDriver{}).Open(u.String())
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	c := dc.(*sqlite3.SQLiteConn)
+	pragmas := []string{
+		"PRAGMA synchronous = " + o.sync,
+		"PRAGMA temp_store = MEMORY",
+	}
+	if o.writer {
+		pragmas = append(pragmas,
+			fmt.Sprintf("PRAGMA cache_size = %d", -writerCacheKiB),
+			"PRAGMA foreign_keys = ON",
+			fmt.Sprintf("PRAGMA wal_autocheckpoint = %d", o.checkpoint),
+			fmt.Sprintf("PRAGMA journal_size_limit = %d", journalSizeLimit),
+		)
+	} else {
+		pragmas = append(pragmas,
+			fmt.Sprintf("PRAGMA cache_size = %d", -readerCacheKiB),
+			"PRAGMA query_only = ON",
+		)
+	}
+	if o.writer && o.pageSize != 0 {
+		if _, err := c.Exec(fmt.Sprintf("PRAGMA page_size = %d", o.pageSize), nil); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("set page size: %w", err)
+		}
+	}
+	if o.writer {
+		// The journal mode is kept in the file; it must be in place before
+		// the schema is created and before any reader opens.
+		mode, err := queryValue(c, "PRAGMA journal_mode = WAL")
+		if err != nil {
+			c.Close()
+			return nil, fmt.Errorf("set WAL mode: %w", err)
+		}
+		if m, _ := mode.(string); m != "wal" {
+			c.Close()
+			return nil, fmt.Errorf("set WAL mode: journal mode is %v", mode)
+		}
+	}
+	for _, p := range pragmas {
+		if _, err := c.Exec(p, nil); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("%s: %w", p, err)
+		}
+	}
+	return c, nil
+}
+
+// Close waits for the Applies and reads in flight, checkpoints the WAL into
+// the database file, closes the connections and releases the lock. Calls
+// after Close fail with an error wrapping queuecore.ErrClosed.
+func (s *Store) Close() error {
+	s.closeMu.Lock()
+	defer s.closeMu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	var errs []error
+	// Readers first: a checkpoint cannot truncate a WAL a reader still uses.
+	errs = append(errs, s.closeReaders())
+	if _, err := s.w.conn.Exec("PRAGMA wal_checkpoint(TRUNCATE)", nil); err != nil {
+		errs = append(errs, fmt.Errorf("checkpoint: %w", err))
+	}
+	errs = append(errs, s.closeConns(), s.lock.Unlock())
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("close sqlite store %s: %w", s.path, err)
+	}
+	s.log.Debug("sqlite store closed", logPath, s.path)
+	return nil
+}
+
+// closeReaders closes the idle readers, which are all of them when no call
+// is in flight.
+func (s *Store) closeReaders() error {
+	var errs []error
+	for {
+		select {
+		case r := <-s.idle:
+			errs = append(errs, r.close())
+			s.readers--
+		default:
+			return errors.Join(errs...)
+		}
+	}
+}
+
+// closeConns closes every connection still open. The writer goes last,
+// after the anchor: as the last connection, it checkpoints the WAL into
+// the database file and deletes it.
+func (s *Store) closeConns() error {
+	errs := []error{s.closeReaders(), s.anchor.close()}
+	s.anchor = nil
+	if s.w != nil {
+		errs = append(errs, s.w.close())
+		s.w = nil
+	}
+	return errors.Join(errs...)
+}
