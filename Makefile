@@ -6,7 +6,7 @@ TOOLS   := $(CURDIR)/bin/tools
 FUZZTIME ?= 10s
 export CGO_ENABLED := 1
 
-.PHONY: all build test fuzz demo bench lint install clean
+.PHONY: all build test fuzz demo bench lint install docs clean
 
 all: build
 
@@ -34,6 +34,10 @@ demo: build
 BENCHTIME ?= 1s
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) -timeout 60m ./queuecore/ ./backends/...
+
+# docs/cli.md is generated from the flag definitions.
+docs: build
+	./$(BIN) reference > docs/cli.md
 
 $(TOOLS)/staticcheck:
 	GOBIN=$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@v0.8.2

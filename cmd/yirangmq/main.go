@@ -40,6 +40,7 @@ func commands() []command {
 		{"resume", "restart a paused queue's deliveries", runResume},
 		{"drain", "wait until a queue has nothing ready, in flight or delayed", runDrain},
 		{"version", "print the version", runVersion},
+		{"reference", "print this command line reference as Markdown (docs/cli.md)", runReference},
 	}
 }
 

@@ -24,14 +24,15 @@ const clearScreen = "\x1b[H\x1b[2J"
 // JSON itself, or (--watch) a table redrawn every interval until SIGINT.
 func runStatus(ctx context.Context, env *cliEnv, args []string) error {
 	fl := pflag.NewFlagSet("status", pflag.ContinueOnError)
-	clientUsage(fl, "status [--mount M] [--queue Q] [--json] [--watch [--interval D]]",
+	clientUsage(fl, "status [--mount M] [--queue Q] [--json | --prometheus] [--watch [--interval D]]",
 		"Shows every queue of the mount (or one): messages ready, in flight, delayed,\ndead and archived, the age of the oldest ready one, and rates per second over\nthe last minute. --watch redraws the table until interrupted.")
 	var mount, queue string
-	var asJSON, watch bool
+	var asJSON, watch, prom bool
 	var interval time.Duration
 	addMountFlag(fl, &mount)
 	fl.StringVarP(&queue, "queue", "q", "", "show this queue only")
 	fl.BoolVar(&asJSON, "json", false, "print the JSON of .stats (MOUNT/.stats, or QUEUE/.stats with --queue)")
+	fl.BoolVar(&prom, "prometheus", false, "print MOUNT/.metrics: the Prometheus text exposition format (for node_exporter's textfile collector)")
 	fl.BoolVarP(&watch, "watch", "w", false, "redraw every interval until interrupted")
 	fl.DurationVar(&interval, "interval", time.Second, "how often --watch redraws")
 	if ok, err := parseFlags(env, fl, args); !ok {
@@ -56,6 +57,14 @@ func runStatus(ctx context.Context, env *cliEnv, args []string) error {
 		}
 	}
 	show := func() error {
+		if prom {
+			b, err := os.ReadFile(filepath.Join(abs, ".metrics"))
+			if err != nil {
+				return err
+			}
+			_, err = env.stdout.Write(b)
+			return err
+		}
 		if asJSON {
 			return printStatsJSON(env.stdout, abs, q, watch)
 		}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -97,6 +98,32 @@ func TestStatusWatch(t *testing.T) {
 		var ds queuecore.DaemonStats
 		if err := json.Unmarshal([]byte(l), &ds); err != nil {
 			t.Errorf("line %q: %v", l, err)
+		}
+	}
+}
+
+func TestStatusPrometheus(t *testing.T) {
+	d := startMount(t)
+	mkqueue(t, d, "jobs", "")
+	publishN(t, d, "jobs", "1", "2")
+	out := mustCLI(t, "", "status", "--mount", d.Mountpoint, "--prometheus")
+	for _, want := range []string{
+		"# TYPE yirangmq_ready_messages gauge",
+		`yirangmq_ready_messages{queue="jobs"} 2`,
+		"# TYPE yirangmq_published_total counter",
+		`yirangmq_published_total{queue="jobs"} 2`,
+		`yirangmq_dlq_messages{queue="jobs"} 0`,
+		`yirangmq_expired_total{queue="jobs"} 0`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("metrics lack %q:\n%s", want, out)
+		}
+	}
+	// Every sample line is NAME{labels} VALUE, as scrapers expect.
+	sample := regexp.MustCompile(`^yirangmq_[a-z_]+(\{queue="[^"]+"\})? [0-9.e+-]+$`)
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if !strings.HasPrefix(l, "#") && !sample.MatchString(l) {
+			t.Errorf("not an exposition line: %q", l)
 		}
 	}
 }

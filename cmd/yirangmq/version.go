@@ -17,6 +17,12 @@ var errUsage = errors.New("usage")
 // whether the command should go on.
 func parseFlags(env *cliEnv, fs *pflag.FlagSet, args []string) (bool, error) {
 	fs.SetOutput(env.stderr)
+	if fs.Usage == nil {
+		fs.Usage = func() {
+			fmt.Fprintf(fs.Output(), "Usage: yirangmq %s [OPTIONS]\n\nOptions:\n", fs.Name())
+			fs.PrintDefaults()
+		}
+	}
 	help := fs.BoolP("help", "h", false, "show this help")
 	if err := fs.Parse(args); err != nil {
 		return false, errUsage
