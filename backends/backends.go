@@ -44,7 +44,7 @@ type Lock struct{ f *os.File }
 // description; if another process (or another open in this process) holds
 // it, the error wraps queuecore.ErrLocked and names that holder.
 func LockStore(dir, holder string) (*Lock, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := createDurably(dir); err != nil {
 		return nil, fmt.Errorf("create store directory: %w", err)
 	}
 	path := filepath.Join(dir, LockFileName)
@@ -84,4 +84,41 @@ func (l *Lock) Unlock() error {
 	err := l.f.Close() // closing the last descriptor drops the flock
 	l.f = nil
 	return err
+}
+
+// createDurably creates dir (and missing parents) and, for each directory
+// it created, fsyncs its parent: a new directory's entry is only durable
+// once its parent is synced, and a store whose directory vanishes at a
+// power cut has lost everything committed in it.
+func createDurably(dir string) error {
+	dir = filepath.Clean(dir)
+	if fi, err := os.Stat(dir); err == nil {
+		if !fi.IsDir() {
+			return fmt.Errorf("%s is not a directory", dir)
+		}
+		return nil
+	}
+	parent := filepath.Dir(dir)
+	if parent != dir {
+		if err := createDurably(parent); err != nil {
+			return err
+		}
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	return SyncDir(parent)
+}
+
+// SyncDir fsyncs a directory, making its entries durable.
+func SyncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("fsync %s: %w", dir, err)
+	}
+	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -136,6 +137,8 @@ func (s *Store) doFileOp(op *fileOp) error {
 	case opWrite:
 		return s.writeBody(op.to, op.id, op.body.data)
 	case opRename:
+		s.dirty.file(op.to)
+		s.dirty.dir(filepath.Dir(op.from))
 		err := renameMkdir(op.from, op.to)
 		if errors.Is(err, os.ErrNotExist) {
 			s.log.Warn("body file to move is missing", logID, op.id, logPath, op.from)
@@ -143,6 +146,7 @@ func (s *Store) doFileOp(op *fileOp) error {
 		}
 		return err
 	case opRemove:
+		s.dirty.dir(filepath.Dir(op.from))
 		err := os.Remove(op.from)
 		if errors.Is(err, os.ErrNotExist) {
 			s.log.Warn("body file to remove is missing", logID, op.id, logPath, op.from)
@@ -150,8 +154,10 @@ func (s *Store) doFileOp(op *fileOp) error {
 		}
 		return err
 	case opMkQueue:
+		s.dirty.dir(s.qdir, filepath.Join(s.qdir, op.to))
 		return s.mkQueueDirs(op.to)
 	case opRmQueue:
+		s.dirty.dir(s.qdir, filepath.Join(s.dir, trashDir))
 		return s.trashQueue(op.from, op.id)
 	}
 	return fmt.Errorf("file op %d: %w", op.kind, errBadOp)
@@ -178,6 +184,7 @@ func renameMkdir(from, to string) error {
 // is), then a rename, so the name never shows a partial body. No fsync:
 // the journal holds the body until a checkpoint syncs the file system.
 func (s *Store) writeBody(path string, id uint64, body []byte) error {
+	s.dirty.file(path)
 	dir := filepath.Dir(path)
 	tmp := dir + "/" + tempPrefix + "w" + strconv.FormatUint(id, 10)
 	fd, err := unix.Open(tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_CLOEXEC, 0o600)
@@ -271,5 +278,85 @@ func (s *Store) trashQueue(name string, lsn uint64) error {
 			s.log.Warn("remove deleted queue", logPath, to, logErr, err)
 		}
 	}()
+	return nil
+}
+
+// dirtySet remembers the body files and directories changed since the last
+// checkpoint. Bodies are not synced when written (the journal holds them);
+// a checkpoint fsyncs exactly these before the snapshot lets the journal
+// go. (syncfs(2) would be one call, but it does not reach the file system
+// under a FUSE mount, nor is a store's durability worth betting on it.)
+type dirtySet struct {
+	mu    sync.Mutex
+	files map[string]struct{}
+	dirs  map[string]struct{}
+}
+
+// file notes a body file written or moved to path, and its directory.
+func (d *dirtySet) file(path string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.files == nil {
+		d.files, d.dirs = map[string]struct{}{}, map[string]struct{}{}
+	}
+	d.files[path] = struct{}{}
+	d.dirs[filepath.Dir(path)] = struct{}{}
+}
+
+// dir notes directories whose entries changed.
+func (d *dirtySet) dir(dirs ...string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.files == nil {
+		d.files, d.dirs = map[string]struct{}{}, map[string]struct{}{}
+	}
+	for _, x := range dirs {
+		d.dirs[x] = struct{}{}
+	}
+}
+
+// sync fsyncs every file, then every directory, noted since the last
+// call. Paths that are gone were moved or removed later, and their new
+// places are noted too. On failure the set is kept for the next try.
+func (d *dirtySet) sync() error {
+	d.mu.Lock()
+	files, dirs := d.files, d.dirs
+	d.files, d.dirs = nil, nil
+	d.mu.Unlock()
+	restore := func() {
+		for f := range files {
+			d.file(f)
+		}
+		for x := range dirs {
+			d.dir(x)
+		}
+	}
+	for f := range files {
+		if err := fsyncPath(f); err != nil {
+			restore()
+			return err
+		}
+	}
+	for x := range dirs {
+		if err := fsyncPath(x); err != nil {
+			restore()
+			return err
+		}
+	}
+	return nil
+}
+
+func fsyncPath(p string) error {
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("open %s to fsync: %w", p, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Fsync(fd); err != nil {
+		return fmt.Errorf("fsync %s: %w", p, err)
+	}
 	return nil
 }

@@ -218,6 +218,7 @@ func (r *reconciler) check(e *entry, p string) (ok bool, err error) {
 func (r *reconciler) moveAside(p, queue, name string, touched bool) error {
 	r.aside++
 	np := filepath.Join(filepath.Dir(p), tempPrefix+"reconcile-"+strconv.Itoa(r.aside))
+	r.s.dirty.dir(filepath.Dir(p))
 	if err := os.Rename(p, np); err != nil {
 		return err
 	}
@@ -276,6 +277,8 @@ func (r *reconciler) resolve() error {
 	for _, e := range r.missing {
 		p := s.entryPath(e)
 		if x := claim(byOwner[e.id]); x != nil {
+			s.dirty.file(p)
+			s.dirty.dir(filepath.Dir(x.path))
 			if err := renameMkdir(x.path, p); err != nil {
 				return err
 			}
@@ -300,6 +303,8 @@ func (r *reconciler) resolve() error {
 			x = claim(byName[[2]string{e.q.name, e.name()}])
 		}
 		if x != nil {
+			s.dirty.file(p)
+			s.dirty.dir(filepath.Dir(x.path))
 			if err := renameMkdir(x.path, p); err != nil {
 				return err
 			}
@@ -322,6 +327,7 @@ func (r *reconciler) resolve() error {
 		// A file the journal touched, or the body of a deleted message, is
 		// explained; a file nothing explains is kept for the operator.
 		if x.touched || x.ownerOK && s.ix.byID[x.owner] == nil {
+			s.dirty.dir(filepath.Dir(x.path))
 			if err := os.Remove(x.path); err != nil && !errors.Is(err, os.ErrNotExist) {
 				return err
 			}
@@ -345,6 +351,8 @@ func (r *reconciler) toLostFound(p, rel string) error {
 	if _, err := os.Lstat(dst); err == nil {
 		dst += "." + time.Now().UTC().Format("20060102T150405.000000000")
 	}
+	r.s.dirty.file(dst)
+	r.s.dirty.dir(filepath.Dir(p))
 	if err := os.Rename(p, dst); err != nil {
 		return fmt.Errorf("move to lost+found: %w", err)
 	}

@@ -112,6 +112,7 @@ type Store struct {
 	bg      sync.WaitGroup // background checkpoint
 	trashWG sync.WaitGroup // removal of deleted queues' trees
 	noXattr atomic.Bool    // the file system refused user xattrs
+	dirty   dirtySet       // files and directories to fsync at the next checkpoint
 }
 
 // Open opens (creating if needed) the store in dir, taking its lock, and

@@ -79,6 +79,7 @@ struct sqlite3_vfs {
 #define SQLITE_LOCK_NONE 0
 #define SQLITE_LOCK_SHARED 1
 #define SQLITE_SHM_UNLOCK 1
+#define SQLITE_IOCAP_POWERSAFE_OVERWRITE 0x00001000
 
 extern sqlite3_vfs *sqlite3_vfs_find(const char *zVfsName);
 extern int sqlite3_vfs_register(sqlite3_vfs *, int makeDflt);
@@ -124,6 +125,12 @@ static const sqlite3_io_methods shim_methods;
 static pthread_once_t register_once = PTHREAD_ONCE_INIT;
 static int register_rc = SQLITE_ERROR;
 
+// flush writes the gathered bytes out. They are dropped even when the write
+// fails: the error goes to the operation that asked for the flush, which
+// SQLite then fails (and, for a write, read or sync of the WAL, rolls the
+// transaction back). The two callers that cannot report it, a shm unlock
+// and the barrier, only ever find frames of a transaction that was rolled
+// back, which no one will read (see shim_open and shim_shm_lock).
 static int flush(shim_file *p) {
 	if (p->n == 0) {
 		return SQLITE_OK;
@@ -283,21 +290,30 @@ static int shim_shm_map(sqlite3_file *f, int pg, int pgsz, int extend, void vola
 // can learn of them through the wal-index. A commit flushes at its commit
 // frame; flushing again before any shm unlock and at the barrier that
 // publishes a new wal-index header is a guard that costs a comparison.
+//
+// An unlock is always passed on, even when the flush fails: SQLite ignores
+// the result of an unlock (walUnlockShared, walUnlockExclusive) and takes
+// the lock as released, so a lock kept here would stay held by this
+// connection for good, and the next write transaction would wait for it
+// until busy_timeout and fail with SQLITE_BUSY, for ever.
 static int shim_shm_lock(sqlite3_file *f, int ofst, int n, int flags) {
 	shim_file *p = (shim_file *)f;
+	int frc = SQLITE_OK;
 	if ((flags & SQLITE_SHM_UNLOCK) && p->wal) {
-		int rc = flush(p->wal);
-		if (rc != SQLITE_OK) {
-			return rc;
-		}
+		frc = flush(p->wal);
 	}
-	return p->real->pMethods->xShmLock(p->real, ofst, n, flags);
+	int rc = p->real->pMethods->xShmLock(p->real, ofst, n, flags);
+	return rc != SQLITE_OK ? rc : frc;
 }
 
 static void shim_shm_barrier(sqlite3_file *f) {
 	shim_file *p = (shim_file *)f;
 	if (p->wal) {
-		flush(p->wal);
+		// A failure cannot be reported from here. The buffer never holds
+		// committed frames at this point: the commit frame flushed them,
+		// and shim_open does not gather when SQLite pads commits (writes
+		// after the commit frame).
+		(void)flush(p->wal);
 	}
 	p->real->pMethods->xShmBarrier(p->real);
 }
@@ -367,12 +383,25 @@ static int shim_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *f, int fl
 	}
 	p->base.pMethods = &shim_methods;
 	if ((flags & SQLITE_OPEN_WAL) && name) {
-		p->is_wal = 1;
 		sqlite3_file *db = sqlite3_database_file_object(name);
 		if (db && db->pMethods == &shim_methods) {
 			p->db = (shim_file *)db;
 			p->db->wal = p;
+			// Gather only when the database file has powersafe overwrite,
+			// as SQLite's unix files do by default. Without it
+			// (psow=0), sqlite3WalOpen, which asks the same question of
+			// the same file right after this open, makes every commit in
+			// synchronous=FULL pad the WAL to a sector boundary with
+			// copies of the commit frame, syncs in the middle of the last
+			// one and writes its tail after the sync: a tail that is not
+			// a commit frame and that this shim would keep in its buffer
+			// after the commit, up to the barrier that publishes it,
+			// where a write error cannot be reported.
+			const sqlite3_io_methods *m = p->db->real->pMethods;
+			p->is_wal = (m->xDeviceCharacteristics(p->db->real) & SQLITE_IOCAP_POWERSAFE_OVERWRITE) != 0;
 		}
+		// Otherwise (a database file that is not ours) pass everything
+		// through: the shim could not flush before the wal-index locks.
 	}
 	return SQLITE_OK;
 }

@@ -67,7 +67,7 @@ func (s *Store) write(b *batch) error {
 		s.committing = false
 		s.groupDone.Broadcast()
 	}
-	return b.err
+	return withErrno(b.err)
 }
 
 // takeWriter waits until no commit is in flight and keeps the writer for
