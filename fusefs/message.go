@@ -21,6 +21,7 @@ type msgNode struct {
 	fsys  *FS
 	queue string
 	id    uint64 // reserved at create for files written through the mount
+	gen   uint64 // inode generation (placements.go)
 
 	mu   sync.Mutex
 	name string
@@ -280,7 +281,7 @@ func (n *msgNode) Flush(ctx context.Context, fh fs.FileHandle) syscall.Errno {
 	if !ready {
 		return 0
 	}
-	if _, _, pid := caller(ctx); threadGroup(pid) != creator {
+	if _, _, pid := caller(ctx); !sameProcess(pid, creator) {
 		return 0 // a child that inherited the descriptor; the creator's close commits
 	}
 	errno, stale := n.settle(ctx)
@@ -315,3 +316,8 @@ func (n *msgNode) Release(ctx context.Context, fh fs.FileHandle) syscall.Errno {
 	}
 	return 0
 }
+
+var _ = (fs.NodeOnForgetter)((*msgNode)(nil))
+
+// OnForget: the kernel dropped this inode.
+func (n *msgNode) OnForget() { n.fsys.placements.forgotten(n.id, n.gen) }

@@ -21,7 +21,7 @@ import (
 // but the log.
 type pending struct {
 	draft   bool
-	creator uint32 // thread group that created the file
+	creator uint32 // thread that created the file (FUSE gives thread ids)
 	uid     uint32
 	gid     uint32
 	created time.Time

@@ -116,9 +116,10 @@ type policyNode struct {
 
 type policyWriter struct {
 	mu      sync.Mutex
-	opener  uint32
+	opener  uint32 // thread that opened it
 	buf     []byte
 	written bool
+	tooBig  bool // a write went past maxPolicyWrite: the document is not whole
 	done    bool
 }
 
@@ -154,7 +155,7 @@ var _ = (fs.NodeOpener)((*policyNode)(nil))
 func (n *policyNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
 		_, _, pid := caller(ctx)
-		return &policyWriter{opener: threadGroup(pid)}, fuse.FOPEN_DIRECT_IO, 0
+		return &policyWriter{opener: pid}, fuse.FOPEN_DIRECT_IO, 0
 	}
 	p, err := n.fsys.core.Policy(n.queue)
 	if err != nil {
@@ -190,6 +191,7 @@ func (n *policyNode) Write(ctx context.Context, fh fs.FileHandle, data []byte, o
 	}
 	end := off + int64(len(data))
 	if end > maxPolicyWrite {
+		w.tooBig = true
 		return 0, syscall.EFBIG
 	}
 	if end > int64(len(w.buf)) {
@@ -203,10 +205,16 @@ func (n *policyNode) Write(ctx context.Context, fh fs.FileHandle, data []byte, o
 func (n *policyNode) commit(ctx context.Context, w *policyWriter) syscall.Errno {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.done || !w.written {
+	if w.done || !(w.written || w.tooBig) {
 		return 0
 	}
 	w.done = true
+	if w.tooBig {
+		// What fitted before the EFBIG is not the writer's document, even
+		// when it parses (a valid object followed by a megabyte of spaces).
+		n.fsys.log.Warn("policy rejected: document larger than the limit", "queue", n.queue, "limit", maxPolicyWrite)
+		return syscall.EINVAL
+	}
 	if err := n.fsys.core.SetPolicy(ctx, n.queue, w.buf); err != nil {
 		return errnoOf(err) // the core logged why
 	}
@@ -221,7 +229,7 @@ func (n *policyNode) Flush(ctx context.Context, fh fs.FileHandle) syscall.Errno 
 	if !ok {
 		return 0
 	}
-	if _, _, pid := caller(ctx); threadGroup(pid) != w.opener {
+	if _, _, pid := caller(ctx); !sameProcess(pid, w.opener) {
 		return 0
 	}
 	return n.commit(ctx, w)

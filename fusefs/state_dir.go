@@ -60,14 +60,12 @@ func (d *stateDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 func (d *stateDir) messageInode(ctx context.Context, m queuecore.Message, out *fuse.EntryOut) *fs.Inode {
 	n := &msgNode{fsys: d.fsys, queue: d.queue, name: m.Name, id: m.ID}
 	fillMessage(&out.Attr, m)
-	// One kernel inode per placement of a message: st_ino stays msgIno(ID)
-	// for its whole life, but Gen changes with every transition (StateAt).
-	// vfs_rename answers a rename between two names of one inode with 0
-	// without asking us, so with one inode for all placements, a kernel
-	// still caching inbox/NAME after a .next lease made `mv inbox/NAME
-	// processing/` "succeed" for a message another consumer held
-	// (testenv/torture, TestRenameLeaseRace).
-	return d.NewInode(ctx, n, fs.StableAttr{Mode: syscall.S_IFREG, Ino: msgIno(m.ID), Gen: uint64(m.StateAt.UnixNano())})
+	// st_ino is msgIno(ID) for the message's whole life; the inode
+	// generation changes when the message is found somewhere the kernel
+	// did not put it (see placements.go).
+	gen := d.fsys.placements.lookedUp(m.ID, d.state)
+	n.gen = gen
+	return d.NewInode(ctx, n, fs.StableAttr{Mode: syscall.S_IFREG, Ino: msgIno(m.ID), Gen: gen})
 }
 
 var _ = (fs.NodeReaddirer)((*stateDir)(nil))
@@ -119,7 +117,7 @@ func (d *stateDir) Create(ctx context.Context, name string, flags uint32, mode u
 	}
 	uid, gid, pid := caller(ctx)
 	n := &msgNode{fsys: d.fsys, queue: d.queue, name: name, id: d.fsys.core.NewID(), pend: &pending{
-		draft: draft, creator: threadGroup(pid), uid: uid, gid: gid, created: time.Now(), limit: policy.MaxMessageBytes,
+		draft: draft, creator: pid, uid: uid, gid: gid, created: time.Now(), limit: policy.MaxMessageBytes,
 	}}
 	key := pendingKey{d.queue, name}
 	d.fsys.mu.Lock()
@@ -128,6 +126,7 @@ func (d *stateDir) Create(ctx context.Context, name string, flags uint32, mode u
 		return nil, nil, 0, syscall.EEXIST
 	}
 	d.fsys.pending[key] = n
+	d.fsys.placements.created(n.id)
 	d.fsys.mu.Unlock()
 	n.fillAttr(ctx, &out.Attr)
 	ino := d.NewInode(ctx, n, fs.StableAttr{Mode: syscall.S_IFREG, Ino: msgIno(n.id)})
@@ -182,7 +181,9 @@ func (d *stateDir) Rename(ctx context.Context, name string, newParent fs.InodeEm
 		}
 		return errnoOf(err)
 	}
-	// The kernel moves its dentry and inode to the new place. Where the
+	// The kernel moved its dentry and inode to the new place.
+	d.fsys.placements.moved(m.ID, to.state)
+	// Where the
 	// queue put something else there — a nack waiting in delayed/, a
 	// replay or a forward that is a new message — tell it to look again.
 	if m.State != to.state || d.state == queuecore.StateArchived || to.queue != d.queue {
