@@ -262,16 +262,22 @@ func (f *FS) sweepDrafts() {
 		case <-f.done:
 			return
 		}
+		// Copy the files out first: a node's mutex is taken before f.mu
+		// (a commit drops its file from f.pending under n.mu), never after.
 		now := time.Now()
-		var old []pendingKey
 		f.mu.Lock()
+		files := make(map[pendingKey]*msgNode, len(f.pending))
 		for k, n := range f.pending {
-			if n.isStaleDraft(now, f.opts.DraftTTL) {
-				old = append(old, k)
-				delete(f.pending, k)
-			}
+			files[k] = n
 		}
 		f.mu.Unlock()
+		var old []pendingKey
+		for k, n := range files {
+			if n.isStaleDraft(now, f.opts.DraftTTL) {
+				f.dropPending(k.queue, k.name, n)
+				old = append(old, k)
+			}
+		}
 		for _, k := range old {
 			f.log.Info("draft removed after its time to live", "queue", k.queue, "name", k.name)
 			f.invalidate(k.queue, queuecore.StateReady, k.name)

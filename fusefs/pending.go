@@ -91,7 +91,9 @@ func (n *msgNode) settle(ctx context.Context) (errno syscall.Errno, stale bool) 
 	// The kernel believes inbox/NAME holds this file: when the message is
 	// in delayed/ or dlq/, or nowhere, it must look again.
 	stale = err != nil || res.Message.State != queuecore.StateReady
-	p.buf = nil
+	if n.pend == nil || err == nil {
+		p.buf = nil // published (or dropped as a duplicate): the store has it
+	} // else keep the bytes: a draft whose rename failed is a draft again
 	return errnoOf(err), stale
 }
 
@@ -115,6 +117,20 @@ func (n *msgNode) rename(newName string) syscall.Errno {
 	n.name = newName
 	n.pend.draft = false
 	return 0
+}
+
+// restoreDraft undoes rename after a failed commit that kept nothing (the
+// store refused it before anything was published): the file is the draft
+// it was. It reports whether it did.
+func (n *msgNode) restoreDraft(name string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	p := n.pend
+	if p == nil || p.tooBig {
+		return false // published, kept in dlq/, or refused for its size
+	}
+	n.name, p.draft, p.done = name, true, false
+	return true
 }
 
 func (n *msgNode) isStaleDraft(now time.Time, ttl time.Duration) bool {

@@ -174,7 +174,11 @@ func (d *stateDir) Rename(ctx context.Context, name string, newParent fs.InodeEm
 		d.fsys.log.Warn("rename refused: a message keeps its name", "queue", d.queue, "name", name, "new", newName)
 		return syscall.EPERM
 	}
-	m, err := d.fsys.core.Move(ctx, d.queue, d.state, name, to.queue, to.state, consumer(ctx))
+	leaser := ""
+	if to.state == queuecore.StateLeased {
+		leaser = consumer(ctx)
+	}
+	m, err := d.fsys.core.Move(ctx, d.queue, d.state, name, to.queue, to.state, leaser)
 	if err != nil {
 		if errors.Is(err, queuecore.ErrNotAllowed) {
 			d.fsys.log.Warn("rename refused", "queue", d.queue, "from", d.state.Dir(), "to", to.queue+"/"+to.state.Dir(), "name", name)
@@ -199,14 +203,30 @@ func (d *stateDir) commitDraft(ctx context.Context, name string, to *stateDir, n
 			"queue", d.queue, "name", name, "to", to.queue+"/"+to.state.Dir()+"/"+newName)
 		return syscall.EPERM
 	}
-	p := d.fsys.takePending(d.queue, name)
+	p := d.fsys.pendingFile(d.queue, name)
 	if p == nil {
+		return syscall.ENOENT
+	}
+	// A rename that fails leaves its source where it was: check first, and
+	// give the draft back its name if the commit still fails.
+	if err := d.fsys.core.CheckPublish(ctx, d.queue, newName); err != nil {
+		return errnoOf(err)
+	}
+	if d.fsys.takePending(d.queue, name) != p {
 		return syscall.ENOENT
 	}
 	if errno := p.rename(newName); errno != 0 {
 		return errno
 	}
-	return p.commit(ctx)
+	errno := p.commit(ctx)
+	if errno != 0 && p.restoreDraft(name) {
+		d.fsys.mu.Lock()
+		if _, taken := d.fsys.pending[pendingKey{d.queue, name}]; !taken {
+			d.fsys.pending[pendingKey{d.queue, name}] = p
+		}
+		d.fsys.mu.Unlock()
+	}
+	return errno
 }
 
 var _ = (fs.NodeMkdirer)((*stateDir)(nil))

@@ -16,7 +16,10 @@ import (
 const xattrPrefix = "user.yirangmq."
 
 // messageXattrs returns the attributes of a message, in listing order.
-func (n *msgNode) messageXattrs(ctx context.Context, m queuecore.Message) [][2]string {
+// The place in line costs a walk of inbox/, so it is computed only when
+// want asks for it ("position" or "eta_sec"); a listing (want == "") gives
+// the keys with empty values.
+func (n *msgNode) messageXattrs(ctx context.Context, m queuecore.Message, want string) [][2]string {
 	ts := func(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
 	a := [][2]string{
 		{"id", m.MessageID},
@@ -26,10 +29,18 @@ func (n *msgNode) messageXattrs(ctx context.Context, m queuecore.Message) [][2]s
 	}
 	switch m.State {
 	case queuecore.StateReady:
-		if pos, eta, err := n.fsys.core.Position(ctx, m); err == nil {
-			a = append(a, [2]string{"position", strconv.Itoa(pos)})
-			if eta >= 0 {
-				a = append(a, [2]string{"eta_sec", strconv.FormatFloat(eta.Seconds(), 'f', 1, 64)})
+		switch want {
+		case "position", "eta_sec":
+			if pos, eta, err := n.fsys.core.Position(ctx, m); err == nil {
+				a = append(a, [2]string{"position", strconv.Itoa(pos)})
+				if eta >= 0 {
+					a = append(a, [2]string{"eta_sec", strconv.FormatFloat(eta.Seconds(), 'f', 1, 64)})
+				}
+			}
+		case "":
+			a = append(a, [2]string{"position", ""})
+			if n.fsys.core.AckRate(m.Queue) > 0 {
+				a = append(a, [2]string{"eta_sec", ""})
 			}
 		}
 	case queuecore.StateLeased:
@@ -54,7 +65,7 @@ func (n *msgNode) messageXattrs(ctx context.Context, m queuecore.Message) [][2]s
 
 // xattrs returns the node's attributes: a message's, or what a producer
 // set on a file before its commit.
-func (n *msgNode) xattrs(ctx context.Context) ([][2]string, syscall.Errno) {
+func (n *msgNode) xattrs(ctx context.Context, want string) ([][2]string, syscall.Errno) {
 	n.mu.Lock()
 	if p := n.pend; p != nil {
 		var a [][2]string
@@ -72,13 +83,13 @@ func (n *msgNode) xattrs(ctx context.Context) ([][2]string, syscall.Errno) {
 	if err != nil {
 		return nil, errnoOf(err)
 	}
-	return n.messageXattrs(ctx, m), 0
+	return n.messageXattrs(ctx, m, want), 0
 }
 
 var _ = (fs.NodeListxattrer)((*msgNode)(nil))
 
 func (n *msgNode) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
-	a, errno := n.xattrs(ctx)
+	a, errno := n.xattrs(ctx, "")
 	if errno != 0 {
 		return 0, errno
 	}
@@ -97,7 +108,7 @@ func (n *msgNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint3
 	if !ok {
 		return 0, syscall.ENODATA
 	}
-	a, errno := n.xattrs(ctx)
+	a, errno := n.xattrs(ctx, key)
 	if errno != 0 {
 		return 0, errno
 	}

@@ -219,13 +219,9 @@ func (c *Core) DeleteQueue(ctx context.Context, name string, force bool) error {
 		return err
 	}
 	q.mu.Lock()
-	if !force {
-		for _, s := range States {
-			if q.gauges[s].N > 0 || q.inserting > 0 {
-				q.mu.Unlock()
-				return fmt.Errorf("queue %q: %w", name, ErrNotEmpty)
-			}
-		}
+	if !force && !q.emptyLocked() {
+		q.mu.Unlock()
+		return fmt.Errorf("queue %q: %w", name, ErrNotEmpty)
 	}
 	q.deleted = true // new operations now fail with ErrNotFound
 	q.wakeReaders()
@@ -237,6 +233,12 @@ func (c *Core) DeleteQueue(ctx context.Context, name string, force bool) error {
 		q.mu.Unlock()
 		<-ch
 		q.mu.Lock()
+	}
+	if !force && !q.emptyLocked() {
+		// Something committed while the operations under way finished.
+		q.deleted = false
+		q.mu.Unlock()
+		return fmt.Errorf("queue %q: %w", name, ErrNotEmpty)
 	}
 	q.mu.Unlock()
 	if err := c.store.DeleteQueue(context.WithoutCancel(ctx), name); err != nil {
@@ -315,16 +317,19 @@ func (c *Core) SetPaused(ctx context.Context, name string, paused bool) error {
 	})
 }
 
-// updateQueue changes a queue's record. Queue updates are rare, so q.mu is
-// held across the commit to keep them ordered; message operations of this
-// queue wait, other queues do not.
+// updateQueue changes a queue's record. Updates of one queue are ordered
+// by q.updMu; q.mu is not held across the commit, so the queue's own
+// operations, the scheduler and other queues never wait on its fsync.
 func (c *Core) updateQueue(ctx context.Context, q *queue, change func(*QueueInfo, *Policy) error) error {
+	q.updMu.Lock()
+	defer q.updMu.Unlock()
 	q.mu.Lock()
-	defer q.mu.Unlock()
 	if q.deleted {
+		q.mu.Unlock()
 		return fmt.Errorf("queue %q: %w", q.info.Name, ErrNotFound)
 	}
 	info, p := q.info, q.policy
+	q.mu.Unlock()
 	if err := change(&info, &p); err != nil {
 		return err
 	}
@@ -332,11 +337,13 @@ func (c *Core) updateQueue(ctx context.Context, q *queue, change func(*QueueInfo
 	if err := c.store.PutQueue(context.WithoutCancel(ctx), info); err != nil {
 		return fmt.Errorf("update queue %q: %w", q.info.Name, err)
 	}
+	q.mu.Lock()
 	wasPaused := q.policy.Paused
 	q.info, q.policy = info, p
 	if wasPaused && !p.Paused {
 		q.wakeReaders()
 	}
+	q.mu.Unlock()
 	c.sched.kick() // retention may have changed
 	return nil
 }
@@ -344,6 +351,7 @@ func (c *Core) updateQueue(ctx context.Context, q *queue, change func(*QueueInfo
 // queue is one queue's in-memory state: its record, gauges, counters,
 // claims and blocked readers. Messages themselves live in the store.
 type queue struct {
+	updMu   sync.Mutex // orders updates of info and policy
 	mu      sync.Mutex
 	info    QueueInfo
 	policy  Policy
@@ -379,6 +387,17 @@ func newQueue(info QueueInfo, p Policy) *queue {
 		readyCh: make(chan struct{}),
 		dedup:   map[string]time.Time{},
 	}
+}
+
+// emptyLocked reports whether the queue holds no message and none is
+// being published into it. q.mu must be held.
+func (q *queue) emptyLocked() bool {
+	for _, s := range States {
+		if q.gauges[s].N > 0 {
+			return false
+		}
+	}
+	return q.inserting == 0
 }
 
 // wakeReaders wakes every blocked Next. q.mu must be held.

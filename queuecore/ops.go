@@ -98,7 +98,7 @@ func (c *Core) publish(ctx context.Context, q *queue, name string, body []byte, 
 			claims = append(claims, liveClaim(fq, name))
 		}
 	}
-	if err := c.acquire(ctx, claims); err != nil {
+	if err := c.acquire(claims); err != nil {
 		return PublishResult{}, err
 	}
 	defer c.release(claims)
@@ -243,7 +243,7 @@ func (c *Core) single(ctx context.Context, queueName, name string, from State, a
 	if alsoArchived {
 		claims = append(claims, archivedClaim(q, name))
 	}
-	if err := c.acquire(ctx, claims); err != nil {
+	if err := c.acquire(claims); err != nil {
 		return Message{}, err
 	}
 	defer c.release(claims)
@@ -298,6 +298,9 @@ func (c *Core) Next(ctx context.Context, queueName, consumer string, nonblock bo
 		return Message{}, err
 	}
 	for {
+		if err := ctx.Err(); err != nil {
+			return Message{}, err // a signal came with a wake-up: take no lease
+		}
 		q.mu.Lock()
 		if q.deleted {
 			q.mu.Unlock()
@@ -323,7 +326,7 @@ func (c *Core) Next(ctx context.Context, queueName, consumer string, nonblock bo
 		paused := q.policy.Paused
 		if found {
 			q.claims[claimKey{name: cand.Name}] = make(chan struct{})
-		} else if !nonblock {
+		} else if !nonblock && lerr == nil {
 			q.waiting++
 		}
 		p := q.policy
@@ -568,7 +571,7 @@ func (c *Core) Forward(ctx context.Context, queueName, name, toQueue string) (Me
 	if p.Archive.Enabled {
 		claims = append(claims, archivedClaim(q, name))
 	}
-	if err := c.acquire(ctx, claims); err != nil {
+	if err := c.acquire(claims); err != nil {
 		return Message{}, err
 	}
 	defer c.release(claims)
@@ -595,10 +598,18 @@ func (c *Core) Forward(ctx context.Context, queueName, name, toQueue string) (Me
 	}
 	tq.mu.Lock()
 	full := tp.MaxReady > 0 && tq.gauges[StateReady].N+tq.inserting >= tp.MaxReady
+	if !full {
+		tq.inserting++ // a DeleteQueue of the target now sees it is not empty
+	}
 	tq.mu.Unlock()
 	if full {
 		return Message{}, fmt.Errorf("queue %q: %w (%d)", toQueue, ErrQueueFull, tp.MaxReady)
 	}
+	defer func() {
+		tq.mu.Lock()
+		tq.inserting--
+		tq.mu.Unlock()
+	}()
 	var b batch
 	if err := c.ackOps(ctx, q, m, &p, now, &b); err != nil {
 		return Message{}, err
@@ -648,7 +659,7 @@ func (c *Core) Purge(ctx context.Context, queueName string, s State) (int, error
 		for i, n := range names {
 			claims[i] = claim{q, claimKey{name: n, archived: s == StateArchived}}
 		}
-		if err := c.acquire(ctx, claims); err != nil {
+		if err := c.acquire(claims); err != nil {
 			return total, err
 		}
 		var b batch
@@ -695,6 +706,18 @@ func (c *Core) Move(ctx context.Context, queueName string, from State, name, toQ
 		return c.RunNow(ctx, queueName, name)
 	}
 	return Message{}, fmt.Errorf("%s to %s: %w", from.Dir(), to.Dir(), ErrNotAllowed)
+}
+
+// AckRate is a queue's acks per second over the last minute.
+func (c *Core) AckRate(queueName string) float64 {
+	q, err := c.queue(queueName)
+	if err != nil {
+		return 0
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	_, _, acked := q.rates.perSec(c.now())
+	return acked
 }
 
 // Position is a ready message's place in line (0: next) and the expected

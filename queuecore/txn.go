@@ -19,7 +19,11 @@ func archivedClaim(q *queue, name string) claim {
 // acquire reserves every claim or none. When a name is taken it lets go of
 // what it holds, waits for that name and starts over, so two operations
 // never wait on each other (no deadlock across queues).
-func (c *Core) acquire(ctx context.Context, claims []claim) error {
+//
+// It does not watch the request's context: a FUSE request is cancelled by
+// any signal to its caller (even Go's SIGURG), and a commit at close(2) or
+// rename(2) must not be dropped for that. Only Next waits on the context.
+func (c *Core) acquire(claims []claim) error {
 retry:
 	for i, cl := range claims {
 		cl.q.mu.Lock()
@@ -34,8 +38,6 @@ retry:
 			select {
 			case <-ch:
 				goto retry
-			case <-ctx.Done():
-				return ctx.Err()
 			case <-c.done:
 				return ErrClosed
 			}
@@ -54,8 +56,8 @@ func (c *Core) release(claims []claim) {
 			close(ch)
 		}
 		if cl.q.waiting > 0 && !cl.k.archived {
-			// A blocked Next may have skipped this name while it was
-			// claimed (a publish not yet released): let it look again.
+			// Blocked Next calls skip claimed names, so a message that
+			// became ready is theirs only now: wake them here, once.
 			cl.q.wakeReaders()
 		}
 		cl.q.mu.Unlock()
@@ -131,9 +133,6 @@ func (c *Core) commit(ctx context.Context, b *batch) error {
 		wasEmpty := g.N == 0
 		g.N += d.n
 		g.Bytes += d.sz
-		if d.n > 0 && d.s == StateReady {
-			d.q.wakeReaders()
-		}
 		if d.n > 0 && wasEmpty && (d.s == StateDead || d.s == StateArchived) {
 			b.kick = true // the retention timer may have nothing to wait for yet
 		}
