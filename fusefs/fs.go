@@ -130,16 +130,11 @@ func (f *FS) Mount(core *queuecore.Core, mountpoint string) (*fuse.Server, error
 	if f.opts.AllowOther {
 		mo.Options = append(mo.Options, "default_permissions")
 	}
-	// No negative entries are cached: a .next lease moves a message
-	// without the kernel seeing a move, so a cached "processing/NAME is
-	// absent" (left by a stat, or by a rename that lost the race) made the
-	// consumer's cat or rm of the name .next had just returned fail with
-	// ENOENT, and the lease run out (testenv/torture, TestNextThenReadAndAck).
 	server, err := fs.Mount(mountpoint, f.root, &fs.Options{
 		MountOptions:    mo,
 		EntryTimeout:    &entry,
 		AttrTimeout:     &attr,
-		NegativeTimeout: nil, // see above
+		NegativeTimeout: &entry,
 		RootStableAttr:  &fs.StableAttr{Ino: inoRoot},
 		UID:             f.uid,
 		GID:             f.gid,
@@ -201,12 +196,22 @@ func (f *FS) queueIno(queue string, k uint32) uint64 {
 func msgIno(id uint64) uint64 { return inoMsgBase + id%inoMsgSpan }
 
 // Notify takes the core's events; those the kernel did not see happen (the
-// daemon's own moves) become entry invalidations.
+// daemon's own moves) become entry invalidations. A move of an existing
+// message by the scheduler (expiry, end of backoff, retention) is
+// invalidated right here, on the scheduler's goroutine, which holds no
+// lock and no claim, so `ls` and `stat` see it as soon as the store does.
+// New messages made as a side effect (fanout copies, a forward's target)
+// are invalidated from the notifier goroutine: they may come from inside
+// a rename, whose directories the kernel keeps locked until we answer.
 func (f *FS) Notify(e queuecore.Event) {
-	if !e.ByDaemon {
-		return
+	switch {
+	case !e.ByDaemon:
+	case e.From != 0:
+		f.invalidate(e.Queue, e.From, e.Name)
+		f.invalidate(e.Queue, e.To, e.Name)
+	default:
+		f.queueInvalidation(e)
 	}
-	f.queueInvalidation(e)
 }
 
 func (f *FS) queueInvalidation(e queuecore.Event) {

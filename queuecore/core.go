@@ -22,9 +22,10 @@ type Event struct {
 	ByDaemon bool
 }
 
-// Notifier hears about moves. Notify is called outside every lock of the
-// core and must not block: the filesystem layer queues the event and sends
-// kernel invalidations from its own goroutine.
+// Notifier hears about moves. Notify is called once the operation's store
+// commit is done and its claims and locks are released, on the goroutine
+// of the operation (a request, or the scheduler for expiry, backoff and
+// retention), so it may wait for the kernel.
 type Notifier interface {
 	Notify(Event)
 }

@@ -101,7 +101,8 @@ func (c *Core) publish(ctx context.Context, q *queue, name string, body []byte, 
 	if err := c.acquire(claims); err != nil {
 		return PublishResult{}, err
 	}
-	defer c.release(claims)
+	var b batch
+	defer c.finish(claims, &b)
 
 	for i, cl := range claims {
 		if _, err := c.store.Lookup(ctx, cl.q.info.Name, name, false); err == nil {
@@ -158,7 +159,6 @@ func (c *Core) publish(ctx context.Context, q *queue, name string, body []byte, 
 		}
 	}()
 
-	var b batch
 	m.ID = o.ID
 	if m.ID == 0 {
 		m.ID = c.newID()
@@ -246,13 +246,13 @@ func (c *Core) single(ctx context.Context, queueName, name string, from State, a
 	if err := c.acquire(claims); err != nil {
 		return Message{}, err
 	}
-	defer c.release(claims)
+	var b batch
+	defer c.finish(claims, &b)
 	m, err := c.lookup(ctx, q, from, name)
 	if err != nil {
 		return Message{}, err
 	}
 	p := policyOf(q)
-	var b batch
 	if err := change(q, m, &p, c.now(), &b); err != nil {
 		return Message{}, err
 	}
@@ -339,7 +339,7 @@ func (c *Core) Next(ctx context.Context, queueName, consumer string, nonblock bo
 			var b batch
 			c.leaseOps(q, cand, &p, c.now(), consumer, &b)
 			err := c.commit(ctx, &b)
-			c.release(cl)
+			c.finish(cl, &b)
 			if err != nil {
 				return Message{}, fmt.Errorf("lease from %q: %w", queueName, err)
 			}
@@ -574,7 +574,8 @@ func (c *Core) Forward(ctx context.Context, queueName, name, toQueue string) (Me
 	if err := c.acquire(claims); err != nil {
 		return Message{}, err
 	}
-	defer c.release(claims)
+	var b batch
+	defer c.finish(claims, &b)
 	m, err := c.lookup(ctx, q, StateLeased, name)
 	if err != nil {
 		return Message{}, err
@@ -610,7 +611,6 @@ func (c *Core) Forward(ctx context.Context, queueName, name, toQueue string) (Me
 		tq.inserting--
 		tq.mu.Unlock()
 	}()
-	var b batch
 	if err := c.ackOps(ctx, q, m, &p, now, &b); err != nil {
 		return Message{}, err
 	}
@@ -669,7 +669,7 @@ func (c *Core) Purge(ctx context.Context, queueName string, s State) (int, error
 			}
 		}
 		err := c.commit(ctx, &b)
-		c.release(claims)
+		c.finish(claims, &b)
 		if err != nil {
 			return total, err
 		}

@@ -194,7 +194,7 @@ func (s *scheduler) handleDue(ctx context.Context, due []Message, now time.Time)
 		c.log.Error("scheduler: commit expiries", logErr, err)
 		moved = 0
 	}
-	c.release(claims)
+	c.finish(claims, &b)
 	if len(expiredBy) > 0 {
 		total := int64(0)
 		for _, n := range expiredBy {
@@ -269,7 +269,7 @@ func (s *scheduler) retention(ctx context.Context, q *queue, now time.Time) (nex
 				}
 			}
 			err = c.commit(ctx, &b)
-			c.release(claims)
+			c.finish(claims, &b)
 			if err != nil {
 				c.log.Error("scheduler: retention commit", logQueue, q.info.Name, logErr, err)
 				return now.Add(time.Second), false

@@ -67,13 +67,27 @@ func (c *Core) release(claims []claim) {
 // batch is the changes of one operation: store ops plus what to do to the
 // in-memory gauges and who to tell once the store has them.
 type batch struct {
-	ops      []Op
-	deltas   []gaugeDelta
-	events   []Event
-	counts   []func(now time.Time) // counter updates, run after the commit under q.mu-free context
-	byDaemon bool
-	deadline time.Time // earliest lease deadline or due time set; zero if none
-	kick     bool      // the scheduler must look again (retention)
+	ops       []Op
+	deltas    []gaugeDelta
+	events    []Event
+	counts    []func(now time.Time) // counter updates, run after the commit under q.mu-free context
+	byDaemon  bool
+	deadline  time.Time // earliest lease deadline or due time set; zero if none
+	kick      bool      // the scheduler must look again (retention)
+	committed bool      // the store has it; its events may be announced
+}
+
+// finish releases an operation's claims, then tells the notifier what its
+// batch moved. In that order: the notifier may wait for the kernel, and the
+// kernel for a request that waits for one of these claims.
+func (c *Core) finish(claims []claim, b *batch) {
+	c.release(claims)
+	if c.notify == nil || b == nil || !b.committed {
+		return
+	}
+	for _, e := range b.events {
+		c.notify.Notify(e)
+	}
 }
 
 type gaugeDelta struct {
@@ -116,8 +130,7 @@ func (b *batch) noteDeadline(m Message) {
 }
 
 // commit hands the batch to the store, with no lock held, and on success
-// updates gauges, counters, blocked readers, the scheduler and the
-// notifier. A cancelled ctx does not cancel the commit: a change the
+// updates gauges, counters and the scheduler (finish tells the notifier). A cancelled ctx does not cancel the commit: a change the
 // caller asked for is never half done because a signal arrived.
 func (c *Core) commit(ctx context.Context, b *batch) error {
 	if len(b.ops) == 0 {
@@ -144,11 +157,7 @@ func (c *Core) commit(ctx context.Context, b *batch) error {
 	for _, f := range b.counts {
 		f(now)
 	}
-	if c.notify != nil {
-		for _, e := range b.events {
-			c.notify.Notify(e)
-		}
-	}
+	b.committed = true
 	if b.kick {
 		c.sched.kick()
 	} else if !b.deadline.IsZero() {
