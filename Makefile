@@ -14,7 +14,7 @@ build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/yirangmq
 
 # Every test, with the race detector and in shuffled order, then each fuzz
-# target for a short time.
+# target for a short time (FUZZTIME=10s each; longer by hand).
 test: build
 	$(GO) vet ./...
 	$(GO) test -race -shuffle=on -timeout 30m ./...
@@ -24,6 +24,9 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParsePolicy$$' -fuzztime $(FUZZTIME) ./queuecore
 	$(GO) test -run '^$$' -fuzz '^FuzzParseEnvelope$$' -fuzztime $(FUZZTIME) ./queuecore
 	$(GO) test -run '^$$' -fuzz '^FuzzCheckBody$$' -fuzztime $(FUZZTIME) ./queuecore
+	$(GO) test -run '^$$' -fuzz '^FuzzCheckQueueName$$' -fuzztime $(FUZZTIME) ./queuecore
+	$(GO) test -run '^$$' -fuzz '^FuzzCheckMessageName$$' -fuzztime $(FUZZTIME) ./queuecore
+	$(GO) test -run '^$$' -fuzz '^FuzzErrnoOf$$' -fuzztime $(FUZZTIME) ./fusefs
 
 # The main job on the embedded default store (SQLite).
 demo: build

@@ -93,8 +93,14 @@ func ParsePolicy(data []byte) (Policy, error) {
 	if len(data) > maxPolicyBytes {
 		return p, &InputError{Field: "policy", Msg: fmt.Sprintf("document is larger than %d bytes", maxPolicyBytes)}
 	}
-	if len(bytes.TrimSpace(data)) == 0 {
+	trimmed := bytes.TrimSpace(data)
+	if len(trimmed) == 0 {
 		return p, &InputError{Field: "policy", Msg: "document is empty"}
+	}
+	// A JSON null decodes into the struct as nothing at all: without this
+	// check `echo null > .policy` silently reset the queue to the defaults.
+	if trimmed[0] != '{' {
+		return p, &InputError{Field: "policy", Msg: "document must be a JSON object"}
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
