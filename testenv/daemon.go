@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"yirangmq/fusefs"
 )
 
 // ReadyFDEnv is the variable through which the daemon is given a pipe to
@@ -187,12 +189,23 @@ func (d *Daemon) Stop() error {
 
 // Kill kills the daemon with SIGKILL, as a crash would, and detaches the
 // dead mount it leaves behind.
+//
+// A daemon killed while it sends a kernel invalidation cannot exit until
+// its FUSE connection is aborted (see fusefs/abort.go); Kill does that
+// after a second.
 func (d *Daemon) Kill() {
 	if d.cmd == nil || d.cmd.Process == nil {
 		return
 	}
 	d.cmd.Process.Kill()
-	<-d.exited
+	select {
+	case <-d.exited:
+	case <-time.After(time.Second):
+		if info, ok, _ := fusefs.LookupMount(d.Mountpoint); ok {
+			_ = fusefs.AbortConnection(info.Conn)
+		}
+		<-d.exited
+	}
 	_ = Unmount(d.Mountpoint)
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -104,9 +105,15 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	if err != nil {
 		return err
 	}
-	detachDeadMount(mountpoint, log)
-
+	aborted, err := recoverMountpoint(mountpoint, log)
+	if err != nil {
+		return err
+	}
 	store, err := openStore(ctx, f.backend, f.store, sync, "mount "+mountpoint, log)
+	for wait := 0; aborted && errors.Is(err, queuecore.ErrLocked) && wait < 50; wait++ {
+		time.Sleep(100 * time.Millisecond) // the aborted daemon is still exiting
+		store, err = openStore(ctx, f.backend, f.store, sync, "mount "+mountpoint, log)
+	}
 	if err != nil {
 		return err
 	}
@@ -235,13 +242,39 @@ func logTail(path string, n int) string {
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
-// detachDeadMount lazily unmounts a mountpoint left behind by a crashed
-// daemon ("Transport endpoint is not connected").
-func detachDeadMount(mountpoint string, log interface{ Warn(string, ...any) }) {
-	var st unix.Stat_t
-	if err := unix.Stat(mountpoint, &st); errors.Is(err, unix.ENOTCONN) {
-		err := unix.Unmount(mountpoint, unix.MNT_DETACH)
-		log.Warn("detached a dead mount left by a crashed daemon", "mountpoint", mountpoint, "err", err)
+// recoverMountpoint deals with what a crashed daemon left on mountpoint:
+// a dead mount ("Transport endpoint is not connected") is detached; a
+// wedged one (its daemon killed while the kernel waited on it, so even a
+// stat hangs) has its FUSE connection aborted, then is detached. A live
+// yirangmq mount is an error. It reports whether it aborted a connection
+// (whose zombie daemon may hold its store's lock for a moment more).
+func recoverMountpoint(mountpoint string, log *slog.Logger) (aborted bool, err error) {
+	info, ok, err := fusefs.LookupMount(mountpoint)
+	if err != nil || !ok || info.FSType != "fuse.yirangmq" {
+		return false, nil
+	}
+	probe := make(chan error, 1)
+	go func() {
+		var st unix.Stat_t
+		probe <- unix.Stat(mountpoint, &st)
+	}()
+	select {
+	case err := <-probe:
+		switch {
+		case err == nil:
+			return false, fmt.Errorf("%s is already a yirangmq mount (unmount it first)", mountpoint)
+		case errors.Is(err, unix.ENOTCONN):
+			err := unix.Unmount(mountpoint, unix.MNT_DETACH)
+			log.Warn("detached a dead mount left by a crashed daemon", "mountpoint", mountpoint, "err", err)
+			return false, nil
+		}
+		return false, nil
+	case <-time.After(2 * time.Second):
+		aerr := fusefs.AbortConnection(info.Conn)
+		uerr := unix.Unmount(mountpoint, unix.MNT_DETACH)
+		log.Warn("aborted and detached a wedged mount left by a killed daemon", "mountpoint", mountpoint,
+			"fuse_connection", info.Conn, "abort_err", aerr, "umount_err", uerr)
+		return true, nil
 	}
 }
 

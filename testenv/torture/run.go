@@ -1,0 +1,500 @@
+package torture
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"yirangmq/testenv"
+)
+
+// Options say how hard to torture which store.
+type Options struct {
+	Backend   string        // sqlite (default) or fs
+	Sync      string        // full (default), normal or off
+	Kills     int           // SIGKILLs while clients run (default 20); one more follows the drain
+	Producers int           // default 3
+	Consumers int           // default 3
+	Duration  time.Duration // the killing stops after this long even short of Kills (default 2 min)
+	// MinGap and MaxGap bound the random time between a restart and the
+	// next kill (default 200 ms and 800 ms).
+	MinGap, MaxGap time.Duration
+	DrainTimeout   time.Duration // default 30 s
+	Seed           uint64        // 0: from the clock
+	// KeepDir is where the history of a failed check is kept (default
+	// the temporary directory).
+	KeepDir string
+}
+
+func (o *Options) defaults() {
+	if o.Backend == "" {
+		o.Backend = "sqlite"
+	}
+	if o.Sync == "" {
+		o.Sync = "full"
+	}
+	if o.Kills <= 0 {
+		o.Kills = 20
+	}
+	if o.Producers <= 0 {
+		o.Producers = 3
+	}
+	if o.Consumers <= 0 {
+		o.Consumers = 3
+	}
+	if o.Duration <= 0 {
+		o.Duration = 2 * time.Minute
+	}
+	if o.MinGap <= 0 {
+		o.MinGap = 200 * time.Millisecond
+	}
+	if o.MaxGap < o.MinGap {
+		o.MaxGap = max(o.MinGap, 800*time.Millisecond)
+	}
+	if o.DrainTimeout <= 0 {
+		o.DrainTimeout = 30 * time.Second
+	}
+	if o.Seed == 0 {
+		o.Seed = uint64(time.Now().UnixNano())
+	}
+}
+
+// QueueName is the queue the torture runs on.
+const QueueName = "torture"
+
+// Policy is the queue's policy, chosen so that the checker can be exact:
+// short leases (expiry is part of the test), retries without backoff so
+// a nacked or expired message is ready again at once (nothing waits in
+// delayed/), a retry limit that a message does not reach in a run (and a
+// dlq kept forever if one does), an archive without limit so that every
+// acked message stays visible, and no dedup or backpressure, which would
+// drop or refuse publishes for reasons other than a crash.
+const Policy = `{
+  "visibilityTimeoutSec": 2,
+  "retry": {"limit": 100, "backoff": "fixed", "initialDelaySec": 0, "maxDelaySec": 0},
+  "dlq": {"enabled": true, "retentionDays": 0},
+  "archive": {"enabled": true, "retentionSec": 0, "maxMessages": 0},
+  "dedupWindowSec": 0,
+  "maxReady": 0
+}
+`
+
+// VisibilityTimeout is Policy's lease length.
+const VisibilityTimeout = 2 * time.Second
+
+// Result is what a run did and what the checker found.
+type Result struct {
+	Report  *Report
+	Events  []Event
+	Final   []FinalMessage
+	Runtime time.Duration
+	// Undrained is what was still in inbox/, processing/ and delayed/
+	// when the drain ended.
+	Undrained int
+	// Unexpected counts errors that a steady, live mount gave although
+	// they are no refusal (EIO, ENOTCONN, EINTR…), by error text.
+	Unexpected map[string]int
+	// Restarts lists how long each restart took, to the ready handshake.
+	Restarts []time.Duration
+	// Wedged counts the kills after which the daemon did not die until
+	// its FUSE connection was aborted (see kill.go).
+	Wedged int
+	// DaemonErrors counts the ERROR lines of the daemons' logs, by
+	// message (each daemon's log is read when it is killed).
+	DaemonErrors map[string]int
+	// KillPhase and Drain are how long the clients worked under kills,
+	// and how long the drain took.
+	KillPhase, Drain time.Duration
+}
+
+// Run tortures one store through a real mount: it starts the daemon,
+// creates the queue, runs producers and consumers while it kills the
+// daemon opts.Kills times at random moments and restarts it, then stops
+// the producers, drains the queue, kills and restarts once more, reads
+// the final state and checks the history against it. Problems of the
+// harness (a daemon that does not come back, a wedged mount) fail t;
+// the check's verdict is in the result, for the caller to judge.
+func Run(t *testing.T, opts Options) *Result {
+	t.Helper()
+	opts.defaults()
+	began := time.Now()
+	t.Logf("torture %s --sync %s: %d kills, %d producers, %d consumers, seed %d",
+		opts.Backend, opts.Sync, opts.Kills, opts.Producers, opts.Consumers, opts.Seed)
+	d := testenv.StartDaemon(t, testenv.DaemonOptions{Backend: opts.Backend, Sync: opts.Sync})
+	qdir := d.Path(QueueName)
+	if err := os.Mkdir(qdir, 0o755); err != nil {
+		t.Fatalf("mkdir queue: %v", err)
+	}
+	if err := writePolicy(filepath.Join(qdir, ".policy"), Policy); err != nil {
+		t.Fatalf("write policy: %v", err)
+	}
+
+	h := NewHistory()
+	m := newMountState()
+	res := &Result{DaemonErrors: map[string]int{}}
+	rnd := rand.New(rand.NewPCG(opts.Seed, 0))
+
+	var producers, consumers sync.WaitGroup
+	stopProducing := make(chan struct{})
+	var draining, drainOver atomic.Bool
+	defer func() {
+		// However Run ends, no client outlives it: a .next read blocked
+		// in a live daemon is released by killing the daemon.
+		close(m.quit)
+		done := make(chan struct{})
+		go func() {
+			producers.Wait()
+			consumers.Wait()
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-time.After(time.Second):
+			m.down()
+			_, _, _ = sigkill(d.Pid(), d.Mountpoint, 2*time.Second)
+			d.Kill()
+			<-done
+		}
+	}()
+	for i := 0; i < opts.Producers; i++ {
+		c := &client{name: fmt.Sprintf("p%d", i), queue: qdir, h: h, m: m}
+		r := rand.New(rand.NewPCG(opts.Seed, uint64(100+i)))
+		producers.Add(1)
+		go func() {
+			defer producers.Done()
+			produce(c, r, stopProducing)
+		}()
+	}
+	for i := 0; i < opts.Consumers; i++ {
+		c := &client{name: fmt.Sprintf("c%d", i), queue: qdir, h: h, m: m}
+		r := rand.New(rand.NewPCG(opts.Seed, uint64(200+i)))
+		consumers.Add(1)
+		go func() {
+			defer consumers.Done()
+			consume(c, r, &draining, &drainOver)
+		}()
+	}
+
+	killAndRestart := func() {
+		t.Helper()
+		k := Event{Kind: KindKill, Client: "runner", Start: h.Now()}
+		m.down()
+		pid := d.Pid()
+		wedged, clientStacks, err := sigkill(pid, d.Mountpoint, 2*time.Second)
+		if wedged != "" {
+			res.Wedged++
+			k.Err = "wedged: connection aborted"
+			if res.Wedged == 1 {
+				t.Logf("kill %d: daemon %d did not die of SIGKILL; its stuck threads:\n%s\nthe clients' stuck threads (before the abort):\n%s",
+					len(res.Restarts)+1, pid, wedged, clientStacks)
+			}
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.Kill() // reaped already: detaches the dead mount
+		k.End, k.Outcome = h.Now(), OK
+		res.noteDaemonLog(d.Log())
+		h.Add(k)
+		// The bare mountpoint must stay empty: a client call that lands
+		// there while the mount is away must fail, never create anything.
+		if names, err := os.ReadDir(d.Mountpoint); err != nil || len(names) > 0 {
+			t.Fatalf("bare mountpoint after a kill: %v, %v", names, err)
+		}
+		rs := Event{Kind: KindRestart, Client: "runner", Start: h.Now()}
+		t0 := time.Now()
+		d.Restart(t)
+		res.Restarts = append(res.Restarts, time.Since(t0))
+		if err := statWithin(qdir, 10*time.Second); err != nil {
+			t.Fatalf("mount after restart %d: %v", len(res.Restarts), err)
+		}
+		rs.End, rs.Outcome = h.Now(), OK
+		h.Add(rs)
+		m.up()
+	}
+
+	// Kill at random moments while the clients work.
+	killStart := time.Now()
+	for i := 0; i < opts.Kills && time.Since(killStart) < opts.Duration; i++ {
+		time.Sleep(opts.MinGap + time.Duration(rnd.Int64N(int64(opts.MaxGap-opts.MinGap)+1)))
+		killAndRestart()
+	}
+	close(stopProducing)
+	producers.Wait()
+	res.KillPhase = time.Since(killStart)
+
+	// Drain: consumers stop blocking and always ack; one more kill
+	// releases the .next reads still blocked in the daemon.
+	draining.Store(true)
+	time.Sleep(opts.MinGap)
+	killAndRestart()
+	drainStart := time.Now()
+	drainDone := make(chan struct{})
+	go func() {
+		consumers.Wait()
+		close(drainDone)
+	}()
+	select {
+	case <-drainDone:
+	case <-time.After(opts.DrainTimeout):
+		// Out of time: stop, and release any .next read that blocked
+		// after all (one taken just as the drain began).
+		drainOver.Store(true)
+		select {
+		case <-drainDone:
+		case <-time.After(2 * time.Second):
+			killAndRestart()
+			<-drainDone
+		}
+	}
+	res.Drain = time.Since(drainStart)
+	probe := &client{queue: qdir, h: h, m: m}
+	if n, err := probe.liveCount(); err != nil {
+		t.Fatalf("count live messages after the drain: %v", err)
+	} else {
+		res.Undrained = n
+	}
+
+	// The last restart, then the final state as the mount shows it.
+	killAndRestart()
+	final, err := readFinal(qdir)
+	if err != nil {
+		t.Fatalf("read the final state: %v", err)
+	}
+	res.Events, res.Final = h.Events(), final
+	res.Report = Check(res.Events, final, CheckOptions{VisibilityTimeout: VisibilityTimeout, Archive: true})
+	res.Runtime = time.Since(began)
+	m.mu.Lock()
+	res.Unexpected = m.unexpected
+	m.mu.Unlock()
+	if !res.Report.OK() {
+		if dir, err := res.Save(opts.KeepDir); err == nil {
+			t.Logf("history and final state kept in %s", dir)
+		} else {
+			t.Logf("could not keep the history: %v", err)
+		}
+	}
+	return res
+}
+
+// noteDaemonLog counts the ERROR lines of a daemon's log by message.
+func (r *Result) noteDaemonLog(log string) {
+	for _, line := range strings.Split(log, "\n") {
+		if !strings.Contains(line, "level=ERROR") {
+			continue
+		}
+		msg := line
+		if i := strings.Index(line, "msg="); i >= 0 {
+			msg = line[i:]
+		}
+		r.DaemonErrors[msg]++
+	}
+}
+
+// Save writes the history (history.jsonl) and the final state
+// (final.json) to a new directory in parent (default: the temporary
+// directory) that outlives the test, for a post-mortem, and returns its
+// path.
+func (r *Result) Save(parent string) (string, error) {
+	dir, err := os.MkdirTemp(parent, "yirangmq-torture-")
+	if err != nil {
+		return "", err
+	}
+	f, err := os.Create(filepath.Join(dir, "history.jsonl"))
+	if err != nil {
+		return "", err
+	}
+	if err := WriteJSONL(f, r.Events); err != nil {
+		f.Close()
+		return "", err
+	}
+	if err := f.Close(); err != nil {
+		return "", err
+	}
+	b, _ := json.MarshalIndent(r.Final, "", " ")
+	if err := os.WriteFile(filepath.Join(dir, "final.json"), b, 0o644); err != nil {
+		return "", err
+	}
+	return dir, nil
+}
+
+// produce publishes unique names until stop is closed.
+func produce(c *client, rnd *rand.Rand, stop <-chan struct{}) {
+	for seq := 0; ; seq++ {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		if !c.m.waitUp() {
+			return
+		}
+		name := fmt.Sprintf("m-%s-%06d", c.name, seq)
+		size := 16 + rnd.IntN(2048)
+		if rnd.IntN(20) == 0 {
+			size = 16 + rnd.IntN(96<<10) // more than one FUSE write
+		}
+		body := MakeBody(name, size, rnd)
+		e := c.publish(name, body, 1+rnd.IntN(3), rnd.IntN(10) == 0, rnd.IntN(10) == 0)
+		c.h.Add(e)
+		time.Sleep(time.Duration(rnd.IntN(3000)) * time.Microsecond)
+	}
+}
+
+// consume leases, reads and acks (or nacks, or abandons) until the drain
+// finds the queue empty or runs out of time.
+func consume(c *client, rnd *rand.Rand, draining, drainOver *atomic.Bool) {
+	for {
+		if drainOver.Load() || !c.m.waitUp() {
+			return
+		}
+		drain := draining.Load()
+		var lease Event
+		if !drain && rnd.IntN(7) == 0 {
+			names, err := c.inboxNames(4)
+			if err != nil || len(names) == 0 {
+				time.Sleep(5 * time.Millisecond)
+				continue
+			}
+			lease = c.leaseRename(names[rnd.IntN(len(names))])
+		} else {
+			lease = c.leaseNext(drain)
+		}
+		lease.ID = c.h.Add(lease)
+		if lease.Outcome != OK || lease.Name == "" {
+			if drain && lease.Outcome == Failed {
+				// Nothing ready: done once nothing can become ready.
+				if n, err := c.liveCount(); err == nil && n == 0 {
+					return
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			continue
+		}
+		c.h.Add(c.read(lease))
+		time.Sleep(time.Duration(rnd.IntN(5000)) * time.Microsecond) // the work
+		switch p := rnd.IntN(100); {
+		case drain || p < 80:
+			// An ack whose outcome is unknown is tried again once the
+			// mount is back (the lease survives the restart); ENOENT
+			// then means that the first one went through, or that the
+			// lease ran out.
+			for try := 0; try < 5; try++ {
+				e := c.ack(lease)
+				c.h.Add(e)
+				if e.Outcome != Unknown || !c.m.waitUp() {
+					break
+				}
+			}
+		case p < 92:
+			c.h.Add(c.nack(lease))
+		default:
+			now := c.h.Now()
+			c.h.Add(Event{Kind: KindAbandon, Client: c.name, Name: lease.Name, Lease: lease.ID, Start: now, End: now, Outcome: OK})
+		}
+	}
+}
+
+// writePolicy writes a .policy document with one write and a close whose
+// result counts.
+func writePolicy(path, doc string) error {
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_TRUNC|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	if _, err := unix.Write(fd, []byte(doc)); err != nil {
+		unix.Close(fd)
+		return err
+	}
+	return unix.Close(fd)
+}
+
+// statWithin fails when stat(path) does not answer in time (a wedged
+// mount) or fails.
+func statWithin(path string, limit time.Duration) error {
+	done := make(chan error, 1)
+	go func() {
+		_, err := os.Stat(path)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(limit):
+		return fmt.Errorf("stat %s: no answer in %v: the mount is wedged", path, limit)
+	}
+}
+
+// readFinal lists every state directory and reads every body, twice,
+// until two readings agree (something may still be moving when the drain
+// ran out of time).
+func readFinal(qdir string) ([]FinalMessage, error) {
+	var prev []FinalMessage
+	var err error
+	for try := 0; try < 20; try++ {
+		var cur []FinalMessage
+		cur, err = readFinalOnce(qdir)
+		if err == nil && prev != nil && reflect.DeepEqual(prev, cur) {
+			return cur, nil
+		}
+		if err == nil {
+			prev = cur
+			continue
+		}
+		prev = nil
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err == nil {
+		err = errors.New("the queue did not stand still")
+	}
+	return nil, err
+}
+
+func readFinalOnce(qdir string) ([]FinalMessage, error) {
+	var out []FinalMessage
+	for _, s := range States {
+		f, err := os.Open(filepath.Join(qdir, s))
+		if err != nil {
+			return nil, err
+		}
+		names, err := f.Readdirnames(-1)
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("list %s: %w", s, err)
+		}
+		sort.Strings(names)
+		for _, name := range names {
+			body, err := readFile(filepath.Join(qdir, s, name))
+			if err != nil {
+				return nil, fmt.Errorf("%s/%s: %w", s, name, err)
+			}
+			m := FinalMessage{State: s, Name: name, Sum: Sum(body)}
+			if verr := VerifyBody(name, body); verr != nil {
+				m.BodyErr = verr.Error()
+			}
+			out = append(out, m)
+		}
+	}
+	return out, nil
+}
+
+// FormatUnexpected renders Result.Unexpected in one line.
+func FormatUnexpected(u map[string]int) string {
+	var parts []string
+	for _, k := range sortedKeys(u) {
+		parts = append(parts, fmt.Sprintf("%s ×%d", k, u[k]))
+	}
+	return strings.Join(parts, ", ")
+}
