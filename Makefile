@@ -6,7 +6,7 @@ TOOLS   := $(CURDIR)/bin/tools
 FUZZTIME ?= 10s
 export CGO_ENABLED := 1
 
-.PHONY: all build test fuzz demo bench lint install docs clean
+.PHONY: all build test fuzz demo bench torture mount-bench lint install docs clean
 
 all: build
 
@@ -37,6 +37,18 @@ demo: build
 BENCHTIME ?= 1s
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) -timeout 60m ./queuecore/ ./backends/...
+
+# The kill -9 torture through the mount and the power-cut run, per store,
+# for as long as asked (make torture DURATION=30m); prints each checker's
+# summary. make test runs both briefly (20 kills and 20 cuts per store).
+DURATION ?= 5m
+torture: build
+	$(GO) test -count=1 -timeout 0 -v -run '^TestKillNineTorture$$' ./testenv/torture -duration $(DURATION) -syncs full 2>&1 | grep -E 'lost|kill phase|^(ok|FAIL|---)'
+	$(GO) test -count=1 -timeout 0 -v -run '^TestPowerCutFullSync$$' ./testenv/powercut -duration $(DURATION) 2>&1 | grep -E 'power cuts|^(ok|FAIL|---)'
+
+# Issue 3's benchmark through a real mount (about 2 minutes, as root).
+mount-bench: build
+	$(GO) run ./testenv/mountbench --bin $(BIN) --out results/mount-bench.json
 
 # docs/cli.md is generated from the flag definitions.
 docs: build

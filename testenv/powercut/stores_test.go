@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -540,8 +541,11 @@ func storeCases() []storeCase {
 	return []storeCase{{store: "fs"}, {store: "sqlite"}}
 }
 
-// cutsPerStore is the number of kills and power cuts per store and mode.
+// cutsPerStore is the number of kills and power cuts per store and mode;
+// -duration keeps cutting in rounds of that many for as long as asked.
 const cutsPerStore = 20
+
+var flagDuration = flag.Duration("duration", 0, "keep cutting for this long per store in SyncFull (make torture DURATION=30m)")
 
 // TestPowerCutFullSync: in SyncFull, no batch reported committed is lost
 // at a power cut, and none is there in part.
@@ -553,7 +557,23 @@ func TestPowerCutFullSync(t *testing.T) {
 	t.Logf("seed %d", seed)
 	for _, sc := range storeCases() {
 		t.Run(sc.store, func(t *testing.T) {
-			powerCutRounds(t, sc, queuecore.SyncFull, cutsPerStore, seed)
+			start, cuts, committed := time.Now(), 0, 0
+			for round := 0; ; round++ {
+				run := func(t *testing.T) { // a subtest per round: its mount goes when it ends
+					c, _ := powerCutRounds(t, sc, queuecore.SyncFull, cutsPerStore, seed+uint64(cuts))
+					cuts, committed = cuts+cutsPerStore, committed+c
+				}
+				if *flagDuration == 0 {
+					run(t)
+				} else {
+					t.Run(fmt.Sprint("round", round), run)
+				}
+				if t.Failed() || time.Since(start) >= *flagDuration {
+					break
+				}
+			}
+			t.Logf("%s full: %d power cuts in %v, %d committed batches checked, lost 0",
+				sc.store, cuts, time.Since(start).Round(time.Second), committed)
 		})
 	}
 }

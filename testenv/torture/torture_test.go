@@ -23,6 +23,7 @@ var (
 	flagSyncs     = flag.String("syncs", "full,normal", "sync modes to torture, comma-separated")
 	flagKeep      = flag.Bool("keep", false, "keep the history and final state of every run, not only of failed ones")
 	flagStrict    = flag.Bool("strict", false, "also fail when a kill wedges the mount until its FUSE connection is aborted (see doc.go)")
+	flagDuration  = flag.Duration("duration", 0, "keep killing for this long per store and sync mode instead of stopping after -kills (make torture DURATION=30m)")
 )
 
 // keepDir is where histories are kept: out of the run's own temporary
@@ -66,10 +67,14 @@ func TestKillNineTorture(t *testing.T) {
 				if testing.Short() && sync != "full" {
 					t.Skip("-short: --sync full only")
 				}
-				res := Run(t, Options{
+				opts := Options{
 					Backend: store, Sync: sync, Kills: *flagKills, KeepDir: keepDir,
 					Producers: *flagProducers, Consumers: *flagConsumers, Seed: *flagSeed,
-				})
+				}
+				if *flagDuration > 0 {
+					opts.Kills, opts.Duration = 1<<30, *flagDuration
+				}
+				res := Run(t, opts)
 				r := res.Report
 				t.Logf("%s/%s in %v: %s", store, sync, res.Runtime.Round(100*time.Millisecond), r.Summary())
 				t.Logf("kill phase %v, drain %v, restarts: %s", res.KillPhase.Round(100*time.Millisecond),
