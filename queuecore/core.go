@@ -327,7 +327,7 @@ func (c *Core) updateQueue(ctx context.Context, q *queue, change func(*QueueInfo
 	q.mu.Lock()
 	if q.deleted {
 		q.mu.Unlock()
-		return fmt.Errorf("queue %q: %w", q.info.Name, ErrNotFound)
+		return fmt.Errorf("queue %q: %w", q.name, ErrNotFound)
 	}
 	info, p := q.info, q.policy
 	q.mu.Unlock()
@@ -336,7 +336,7 @@ func (c *Core) updateQueue(ctx context.Context, q *queue, change func(*QueueInfo
 	}
 	info.Policy = p.JSON()
 	if err := c.store.PutQueue(context.WithoutCancel(ctx), info); err != nil {
-		return fmt.Errorf("update queue %q: %w", q.info.Name, err)
+		return fmt.Errorf("update queue %q: %w", q.name, err)
 	}
 	q.mu.Lock()
 	wasPaused := q.policy.Paused
@@ -352,6 +352,7 @@ func (c *Core) updateQueue(ctx context.Context, q *queue, change func(*QueueInfo
 // queue is one queue's in-memory state: its record, gauges, counters,
 // claims and blocked readers. Messages themselves live in the store.
 type queue struct {
+	name    string     // never changes; read without a lock
 	updMu   sync.Mutex // orders updates of info and policy
 	mu      sync.Mutex
 	info    QueueInfo
@@ -383,7 +384,7 @@ type claimKey struct {
 
 func newQueue(info QueueInfo, p Policy) *queue {
 	return &queue{
-		info: info, policy: p,
+		name: info.Name, info: info, policy: p,
 		claims:  map[claimKey]chan struct{}{},
 		readyCh: make(chan struct{}),
 		dedup:   map[string]time.Time{},

@@ -9,7 +9,7 @@ import (
 	"github.com/google/uuid"
 )
 
-func errQueueGone(q *queue) error { return fmt.Errorf("queue %q: %w", q.info.Name, ErrNotFound) }
+func errQueueGone(q *queue) error { return fmt.Errorf("queue %q: %w", q.name, ErrNotFound) }
 
 func errNoMessage(queue string, s State, name string) error {
 	return fmt.Errorf("%s/%s/%s: %w", queue, s.Dir(), name, ErrNotFound)
@@ -24,9 +24,9 @@ func policyOf(q *queue) Policy {
 
 // lookup finds the message called name in one state of q.
 func (c *Core) lookup(ctx context.Context, q *queue, s State, name string) (Message, error) {
-	m, err := c.store.Lookup(ctx, q.info.Name, name, s == StateArchived)
+	m, err := c.store.Lookup(ctx, q.name, name, s == StateArchived)
 	if errors.Is(err, ErrNotFound) || err == nil && m.State != s {
-		return Message{}, errNoMessage(q.info.Name, s, name)
+		return Message{}, errNoMessage(q.name, s, name)
 	}
 	return m, err
 }
@@ -69,7 +69,7 @@ func (c *Core) publish(ctx context.Context, q *queue, name string, body []byte, 
 		return PublishResult{}, fmt.Errorf("%s: %d bytes: %w (%d)", name, len(body), ErrTooLarge, p.MaxMessageBytes)
 	}
 	now := c.now()
-	chk, verr := p.checkBody(q.info.Name, body, now)
+	chk, verr := p.checkBody(q.name, body, now)
 	dedupKey := o.DedupKey
 	if dedupKey == "" {
 		dedupKey = chk.facts.DedupKey
@@ -91,7 +91,7 @@ func (c *Core) publish(ctx context.Context, q *queue, name string, body []byte, 
 		for _, f := range p.Fanout {
 			fq, err := c.queue(f)
 			if err != nil {
-				c.log.Warn("fanout queue is gone, copy skipped", logQueue, q.info.Name, "fanout", f)
+				c.log.Warn("fanout queue is gone, copy skipped", logQueue, q.name, "fanout", f)
 				continue
 			}
 			fan = append(fan, fq)
@@ -105,18 +105,18 @@ func (c *Core) publish(ctx context.Context, q *queue, name string, body []byte, 
 	defer c.finish(claims, &b)
 
 	for i, cl := range claims {
-		if _, err := c.store.Lookup(ctx, cl.q.info.Name, name, false); err == nil {
+		if _, err := c.store.Lookup(ctx, cl.q.name, name, false); err == nil {
 			if i == 0 {
-				return PublishResult{}, fmt.Errorf("%s/%s: %w (live in this queue)", q.info.Name, name, ErrExists)
+				return PublishResult{}, fmt.Errorf("%s/%s: %w (live in this queue)", q.name, name, ErrExists)
 			}
-			return PublishResult{}, fmt.Errorf("%s/%s: %w in fanout queue %q", q.info.Name, name, ErrExists, cl.q.info.Name)
+			return PublishResult{}, fmt.Errorf("%s/%s: %w in fanout queue %q", q.name, name, ErrExists, cl.q.name)
 		} else if !errors.Is(err, ErrNotFound) {
 			return PublishResult{}, err
 		}
 	}
 
 	m := Message{
-		Queue: q.info.Name, Name: name, State: StateReady,
+		Queue: q.name, Name: name, State: StateReady,
 		Priority: chk.facts.Priority, Size: int64(len(chk.body)),
 		MessageID: chk.facts.MessageID, PublishedAt: now, FirstAt: now, StateAt: now,
 		DedupKey: dedupKey, UID: o.UID, GID: o.GID,
@@ -142,7 +142,7 @@ func (c *Core) publish(ctx context.Context, q *queue, name string, body []byte, 
 		limit := cq.policy.MaxReady
 		if toReady && limit > 0 && cq.gauges[StateReady].N+cq.inserting >= limit {
 			cq.mu.Unlock()
-			return PublishResult{}, fmt.Errorf("queue %q: %w (%d)", cq.info.Name, ErrQueueFull, limit)
+			return PublishResult{}, fmt.Errorf("queue %q: %w (%d)", cq.name, ErrQueueFull, limit)
 		}
 		cq.mu.Unlock()
 	}
@@ -169,7 +169,7 @@ func (c *Core) publish(ctx context.Context, q *queue, name string, body []byte, 
 		cp := m
 		cp.ID = c.newID()
 		cp.Seq = cp.ID
-		cp.Queue = fq.info.Name
+		cp.Queue = fq.name
 		b.insert(fq, cp, chk.body, true)
 	}
 	b.count(func(now time.Time) {
@@ -192,14 +192,14 @@ func (c *Core) publish(ctx context.Context, q *queue, name string, body []byte, 
 	})
 	if err := c.commit(ctx, &b); err != nil {
 		if verr != nil {
-			c.log.Error("validation failure could not be kept in dlq", logQueue, q.info.Name, logName, name, logErr, err)
-			return PublishResult{}, &ValidationError{Queue: q.info.Name, Name: name, Reason: vmsg}
+			c.log.Error("validation failure could not be kept in dlq", logQueue, q.name, logName, name, logErr, err)
+			return PublishResult{}, &ValidationError{Queue: q.name, Name: name, Reason: vmsg}
 		}
-		return PublishResult{}, fmt.Errorf("publish %s/%s: %w", q.info.Name, name, err)
+		return PublishResult{}, fmt.Errorf("publish %s/%s: %w", q.name, name, err)
 	}
 	if verr != nil {
-		c.log.Warn("message failed validation, kept in dlq", logQueue, q.info.Name, logName, name, logReason, vmsg)
-		return PublishResult{Message: m}, &ValidationError{Queue: q.info.Name, Name: name, Reason: vmsg, Kept: true}
+		c.log.Warn("message failed validation, kept in dlq", logQueue, q.name, logName, name, logReason, vmsg)
+		return PublishResult{Message: m}, &ValidationError{Queue: q.name, Name: name, Reason: vmsg, Kept: true}
 	}
 	return PublishResult{Message: m}, nil
 }
@@ -403,7 +403,7 @@ func (c *Core) Ack(ctx context.Context, queueName, name string) error {
 // archived claim on m.Name.
 func (c *Core) ackOps(ctx context.Context, q *queue, m Message, p *Policy, now time.Time, b *batch) error {
 	if p.Archive.Enabled {
-		prev, err := c.store.Lookup(ctx, q.info.Name, m.Name, true)
+		prev, err := c.store.Lookup(ctx, q.name, m.Name, true)
 		switch {
 		case err == nil:
 			b.remove(q, prev) // archive/ keeps the latest ack of a name

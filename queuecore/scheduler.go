@@ -233,7 +233,7 @@ func (s *scheduler) retention(ctx context.Context, q *queue, now time.Time) (nex
 			var victims []Message
 			var first time.Time
 			excess := r.excess
-			err := c.store.List(ctx, q.info.Name, r.state, func(m Message) bool {
+			err := c.store.List(ctx, q.name, r.state, func(m Message) bool {
 				if excess > 0 || (r.keep > 0 && !m.StateAt.Add(r.keep).After(now)) {
 					victims = append(victims, m)
 					excess--
@@ -245,7 +245,7 @@ func (s *scheduler) retention(ctx context.Context, q *queue, now time.Time) (nex
 				return false
 			})
 			if err != nil {
-				c.log.Error("scheduler: read retention", logQueue, q.info.Name, logErr, err)
+				c.log.Error("scheduler: read retention", logQueue, q.name, logErr, err)
 				return now.Add(time.Second), false
 			}
 			if len(victims) == 0 {
@@ -264,14 +264,14 @@ func (s *scheduler) retention(ctx context.Context, q *queue, now time.Time) (nex
 				}
 				claims = append(claims, cl)
 				// Look again under the claim: the name may hold a newer message.
-				if cur, err := c.store.Lookup(ctx, q.info.Name, m.Name, r.state == StateArchived); err == nil && cur.ID == m.ID {
+				if cur, err := c.store.Lookup(ctx, q.name, m.Name, r.state == StateArchived); err == nil && cur.ID == m.ID {
 					b.remove(q, cur)
 				}
 			}
 			err = c.commit(ctx, &b)
 			c.finish(claims, &b)
 			if err != nil {
-				c.log.Error("scheduler: retention commit", logQueue, q.info.Name, logErr, err)
+				c.log.Error("scheduler: retention commit", logQueue, q.name, logErr, err)
 				return now.Add(time.Second), false
 			}
 			r.excess -= int64(len(b.ops))
