@@ -110,44 +110,64 @@ func StartDaemon(t testing.TB, opts DaemonOptions) *Daemon {
 }
 
 func (d *Daemon) start() error {
-	r, w, err := os.Pipe()
-	if err != nil {
-		return err
-	}
-	defer r.Close()
 	args := append([]string{"mount", "--backend", d.opts.Backend, "--store", d.opts.Store, "--sync", d.opts.Sync}, d.opts.Args...)
 	args = append(args, d.Mountpoint)
 	d.cmd = exec.Command(d.bin, args...)
-	d.cmd.Env = append(os.Environ(), ReadyFDEnv+"=3")
-	d.cmd.ExtraFiles = []*os.File{w}
 	d.log = &syncBuffer{}
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := d.cmd.Start(); err != nil {
-		w.Close()
+	exited, ready, err := StartReady(d.cmd, 20*time.Second)
+	d.exited = exited
+	switch {
+	case err != nil:
 		return err
+	case !ready:
+		select {
+		case <-exited:
+			return fmt.Errorf("daemon stopped before it was ready:\n%s", d.Log())
+		default:
+			d.Kill()
+			return fmt.Errorf("daemon not ready after 20 s:\n%s", d.Log())
+		}
+	}
+	return nil
+}
+
+// StartReady starts cmd with the ready pipe of the daemon's handshake
+// (ReadyFDEnv=3) and waits until it writes "ready" (ready is true), stops
+// (ready is false, exited is closed), or timeout passes (ready is false,
+// the process still runs). exited is closed when the process ends.
+func StartReady(cmd *exec.Cmd, timeout time.Duration) (exited chan struct{}, ready bool, err error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, false, err
+	}
+	defer r.Close()
+	cmd.Env = append(os.Environ(), ReadyFDEnv+"=3")
+	cmd.ExtraFiles = []*os.File{w}
+	if err := cmd.Start(); err != nil {
+		w.Close()
+		return nil, false, err
 	}
 	w.Close()
-	d.exited = make(chan struct{})
+	exited = make(chan struct{})
 	go func() {
-		d.cmd.Wait()
-		close(d.exited)
+		cmd.Wait()
+		close(exited)
 	}()
-	ready := make(chan bool, 1)
+	said := make(chan bool, 1)
 	go func() {
 		line, _ := bufio.NewReader(r).ReadString('\n')
-		ready <- line == "ready\n"
+		said <- line == "ready\n"
 	}()
 	select {
-	case ok := <-ready:
+	case ok := <-said:
 		if !ok {
-			<-d.exited
-			return fmt.Errorf("daemon stopped before it was ready:\n%s", d.Log())
+			<-exited
 		}
-		return nil
-	case <-time.After(20 * time.Second):
-		d.Kill()
-		return fmt.Errorf("daemon not ready after 20 s:\n%s", d.Log())
+		return exited, ok, nil
+	case <-time.After(timeout):
+		return exited, false, nil
 	}
 }
 

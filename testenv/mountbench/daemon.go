@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -58,12 +57,6 @@ func startDaemon(bin, dir string, spec mountSpec) (*daemon, error) {
 		return nil, err
 	}
 	d.logFile = lf
-	r, w, err := os.Pipe()
-	if err != nil {
-		lf.Close()
-		return nil, err
-	}
-	defer r.Close()
 	args := []string{"mount", "--backend", spec.backend, "--store", d.store, "--sync", spec.sync,
 		"--cache-timeout", spec.cacheTimeout.String()}
 	if spec.debug {
@@ -71,41 +64,28 @@ func startDaemon(bin, dir string, spec mountSpec) (*daemon, error) {
 	}
 	args = append(args, d.mnt)
 	d.cmd = exec.Command(bin, args...)
-	d.cmd.Env = append(os.Environ(), testenv.ReadyFDEnv+"=3")
-	d.cmd.ExtraFiles = []*os.File{w}
 	d.cmd.Stdout, d.cmd.Stderr = lf, lf
 	// If the bench dies without its cleanup (SIGKILL), the daemon gets
 	// SIGTERM and unmounts by itself. Daemons are started from the main
 	// goroutine, locked to the main thread, which lives as long as we do.
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
-	if err := d.cmd.Start(); err != nil {
-		w.Close()
+	exited, ready, err := testenv.StartReady(d.cmd, 20*time.Second)
+	if err != nil {
 		lf.Close()
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}
-	w.Close()
-	d.exited = make(chan struct{})
-	go func() {
-		d.cmd.Wait()
-		close(d.exited)
-	}()
-	ready := make(chan bool, 1)
-	go func() {
-		line, _ := bufio.NewReader(r).ReadString('\n')
-		ready <- line == "ready\n"
-	}()
+	d.exited = exited
 	select {
-	case ok := <-ready:
-		if !ok {
-			<-d.exited
-			d.logFile.Close()
-			return nil, fmt.Errorf("daemon %s stopped before it was ready:\n%s", spec, d.tail(2000))
-		}
-		return d, nil
-	case <-time.After(20 * time.Second):
+	case <-exited:
+		d.logFile.Close()
+		return nil, fmt.Errorf("daemon %s stopped before it was ready:\n%s", spec, d.tail(2000))
+	default:
+	}
+	if !ready {
 		d.stop()
 		return nil, fmt.Errorf("daemon %s not ready after 20 s:\n%s", spec, d.tail(2000))
 	}
+	return d, nil
 }
 
 func (d *daemon) pid() int { return d.cmd.Process.Pid }
