@@ -5,6 +5,8 @@ VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 TOOLS   := $(CURDIR)/bin/tools
 FUZZTIME ?= 10s
 export CGO_ENABLED := 1
+# A go.work in a parent directory must not change what this module builds.
+export GOWORK := off
 
 .PHONY: all build test fuzz demo bench torture mount-bench lint install docs clean
 
