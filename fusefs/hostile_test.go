@@ -76,7 +76,6 @@ func rawWritePolicy(path string, doc []byte) (write, close string) {
 	return errName(werr), errName(unix.Close(fd))
 }
 
-var liveDirs = []string{"inbox", "processing", "delayed", "dlq"}
 var allDirs = []string{"inbox", "processing", "delayed", "dlq", "archive"}
 
 func TestHostile(t *testing.T) {

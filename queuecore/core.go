@@ -2,7 +2,6 @@ package queuecore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sort"
@@ -408,4 +407,3 @@ func (q *queue) wakeReaders() {
 	q.readyCh = make(chan struct{})
 }
 
-var errRetry = errors.New("retry")

@@ -91,10 +91,9 @@ func (c *Core) finish(claims []claim, b *batch) {
 }
 
 type gaugeDelta struct {
-	q      *queue
-	s      State
-	n, sz  int64
-	wakeup bool
+	q     *queue
+	s     State
+	n, sz int64
 }
 
 func (b *batch) insert(q *queue, m Message, body []byte, byDaemon bool) {

@@ -651,7 +651,7 @@ func TestDeleteQueueOnDisk(t *testing.T) {
 	crash(t, s)
 	// As if the crash came before the tree was moved to the trash.
 	write(t, filepath.Join(dir, queuesDir, "a/inbox/x"), "body of message 1\n")
-	s = openTest(t, dir, queuecore.SyncFull, config{}, nil)
+	openTest(t, dir, queuecore.SyncFull, config{}, nil)
 	wantTree(t, dir, "b/inbox/x")
 	if _, err := os.Stat(filepath.Join(dir, trashDir)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("trash after Open: %v", err)

@@ -297,8 +297,7 @@ func (m *model) cut() {
 		}
 	})
 	seenDir := map[*inode]bool{m.root: true}
-	var reset func(*inode)
-	reset = func(in *inode) {
+	reset := func(in *inode) {
 		if in.isDir() {
 			in.entries = map[string]*inode{}
 			for _, name := range slices.Sorted(maps.Keys(in.durEntries)) {

@@ -304,12 +304,6 @@ type history struct {
 	pending   []pcOp   // the batch in flight
 }
 
-// roundResult is what one kill and cut did.
-type roundResult struct {
-	committed int // batches reported committed by the child
-	lost      int // of those, missing after the cut
-}
-
 // powerCutRounds runs rounds kills and cuts of one store in one mode and
 // returns the totals. Corruption fails t; losses are returned.
 func powerCutRounds(t *testing.T, sc storeCase, mode queuecore.SyncMode, rounds int, seed uint64) (committed, lost int) {
