@@ -406,4 +406,3 @@ func (q *queue) wakeReaders() {
 	close(q.readyCh)
 	q.readyCh = make(chan struct{})
 }
-
