@@ -188,20 +188,26 @@ func (d *Daemon) Stop() error {
 	if d.cmd == nil || d.cmd.Process == nil {
 		return nil
 	}
+	return StopDaemon(d.cmd, d.exited, d.Mountpoint)
+}
+
+// StopDaemon stops a daemon started with StartReady: SIGTERM, up to 10 s
+// for its clean unmount, then SIGKILL; mountpoint is unmounted after.
+func StopDaemon(cmd *exec.Cmd, exited <-chan struct{}, mountpoint string) error {
 	var err error
 	select {
-	case <-d.exited:
+	case <-exited:
 	default:
-		d.cmd.Process.Signal(syscall.SIGTERM)
+		cmd.Process.Signal(syscall.SIGTERM)
 		select {
-		case <-d.exited:
+		case <-exited:
 		case <-time.After(10 * time.Second):
 			err = errors.New("daemon did not stop within 10 s of SIGTERM; killed")
-			d.cmd.Process.Kill()
-			<-d.exited
+			cmd.Process.Kill()
+			<-exited
 		}
 	}
-	if uerr := Unmount(d.Mountpoint); uerr != nil && err == nil {
+	if uerr := Unmount(mountpoint); uerr != nil && err == nil {
 		err = uerr
 	}
 	return err

@@ -41,13 +41,7 @@ func (s *Store) Queues(context.Context) ([]queuecore.QueueInfo, error) {
 		}
 		defer rows.Close()
 		dest := r.dest[:6]
-		for {
-			if err := rows.Next(dest); err != nil {
-				if errors.Is(err, io.EOF) {
-					return nil
-				}
-				return err
-			}
+		return eachRow(rows, dest, func() (bool, error) {
 			var c scanner
 			q := queuecore.QueueInfo{
 				Name:      c.str(dest[0]),
@@ -58,10 +52,11 @@ func (s *Store) Queues(context.Context) ([]queuecore.QueueInfo, error) {
 				CreatedAt: fromNanos(c.int(dest[5])),
 			}
 			if c.err != nil {
-				return fmt.Errorf("queue %q: %w", q.Name, c.err)
+				return false, fmt.Errorf("queue %q: %w", q.Name, c.err)
 			}
 			qs = append(qs, q)
-		}
+			return true, nil
+		})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("list queues: %w", err)
@@ -209,8 +204,9 @@ func (s *Store) List(_ context.Context, queue string, state queuecore.State, fn 
 	return nil
 }
 
-// eachMessage calls fn with each row until fn returns false.
-func eachMessage(rows driver.Rows, dest []driver.Value, fn func(queuecore.Message) bool) error {
+// eachRow reads rows into dest and calls fn for each, until the rows end,
+// fn returns false, or an error.
+func eachRow(rows driver.Rows, dest []driver.Value, fn func() (bool, error)) error {
 	for {
 		if err := rows.Next(dest); err != nil {
 			if errors.Is(err, io.EOF) {
@@ -218,14 +214,22 @@ func eachMessage(rows driver.Rows, dest []driver.Value, fn func(queuecore.Messag
 			}
 			return err
 		}
-		m, err := scanMessage(dest)
-		if err != nil {
+		more, err := fn()
+		if err != nil || !more {
 			return err
 		}
-		if !fn(m) {
-			return nil
-		}
 	}
+}
+
+// eachMessage calls fn with each row until fn returns false.
+func eachMessage(rows driver.Rows, dest []driver.Value, fn func(queuecore.Message) bool) error {
+	return eachRow(rows, dest, func() (bool, error) {
+		m, err := scanMessage(dest)
+		if err != nil {
+			return false, err
+		}
+		return fn(m), nil
+	})
 }
 
 // Due returns up to limit leased or delayed messages due at t, earliest
@@ -284,24 +288,19 @@ func (s *Store) Counts(context.Context) (map[string]map[queuecore.State]queuecor
 		}
 		defer rows.Close()
 		dest := r.dest[:4]
-		for {
-			if err := rows.Next(dest); err != nil {
-				if errors.Is(err, io.EOF) {
-					return nil
-				}
-				return err
-			}
+		return eachRow(rows, dest, func() (bool, error) {
 			var c scanner
 			q, st := c.str(dest[0]), queuecore.State(c.int(dest[1]))
 			n, bytes := c.int(dest[2]), c.int(dest[3])
 			if c.err != nil {
-				return fmt.Errorf("count of %s/%s: %w", q, st, c.err)
+				return false, fmt.Errorf("count of %s/%s: %w", q, st, c.err)
 			}
 			if out[q] == nil {
 				out[q] = map[queuecore.State]queuecore.Count{}
 			}
 			out[q][st] = queuecore.Count{N: n, Bytes: bytes}
-		}
+			return true, nil
+		})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("count messages: %w", err)

@@ -118,22 +118,7 @@ func (d *daemon) stop() error {
 	if d == nil || d.cmd == nil || d.cmd.Process == nil {
 		return nil
 	}
-	var err error
-	select {
-	case <-d.exited:
-	default:
-		d.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-d.exited:
-		case <-time.After(10 * time.Second):
-			err = errors.New("daemon did not stop within 10 s of SIGTERM; killed")
-			d.cmd.Process.Kill()
-			<-d.exited
-		}
-	}
-	if uerr := testenv.Unmount(d.mnt); uerr != nil && err == nil {
-		err = uerr
-	}
+	err := testenv.StopDaemon(d.cmd, d.exited, d.mnt)
 	d.logFile.Close()
 	return err
 }
