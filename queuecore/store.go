@@ -90,6 +90,10 @@ type Message struct {
 	Consumer      string // uid, pid and command of the last leaser
 	DedupKey      string
 	UID, GID      uint32
+
+	// Rev is the message's revision in a SharedStore, which checks it on
+	// every update and delete; other stores leave it zero.
+	Rev uint64
 }
 
 // SortKey is the order of messages within one queue and state, used by both
@@ -121,6 +125,10 @@ type Op struct {
 	Kind OpKind
 	Msg  Message
 	Body []byte // OpInsert only
+	// From is the state the message was in when the core read it (OpUpdate
+	// and OpDelete), so that a shared store can tell other daemons where
+	// it moved from.
+	From State
 }
 
 // QueueInfo is a queue as the store keeps it.

@@ -104,7 +104,7 @@ func (b *batch) insert(q *queue, m Message, body []byte, byDaemon bool) {
 }
 
 func (b *batch) update(q *queue, old, m Message) {
-	b.ops = append(b.ops, Op{Kind: OpUpdate, Msg: m})
+	b.ops = append(b.ops, Op{Kind: OpUpdate, Msg: m, From: old.State})
 	if old.State != m.State {
 		b.deltas = append(b.deltas,
 			gaugeDelta{q: q, s: old.State, n: -1, sz: -old.Size},
@@ -115,7 +115,7 @@ func (b *batch) update(q *queue, old, m Message) {
 }
 
 func (b *batch) remove(q *queue, old Message) {
-	b.ops = append(b.ops, Op{Kind: OpDelete, Msg: Message{ID: old.ID, Queue: old.Queue, Name: old.Name, State: old.State}})
+	b.ops = append(b.ops, Op{Kind: OpDelete, Msg: Message{ID: old.ID, Queue: old.Queue, Name: old.Name, State: old.State, Rev: old.Rev}, From: old.State})
 	b.deltas = append(b.deltas, gaugeDelta{q: q, s: old.State, n: -1, sz: -old.Size})
 	b.events = append(b.events, Event{Queue: old.Queue, Name: old.Name, From: old.State, ByDaemon: b.byDaemon})
 }
