@@ -1,7 +1,9 @@
 package queuecore
 
 import (
+	"bufio"
 	"context"
+	"crypto/rand"
 	"fmt"
 	"log/slog"
 	"sort"
@@ -58,6 +60,19 @@ type Core struct {
 
 	lastID atomic.Uint64 // last message ID or Seq handed out
 
+	// shared is the store again when several daemons use it (nil for a
+	// store of this process alone); see shared.go.
+	shared  SharedStore
+	idMu    sync.Mutex // guards idNext, idEnd: the block of IDs reserved in a shared store
+	idNext  uint64
+	idEnd   uint64
+	lastSeq atomic.Uint64 // last Seq handed out with a shared store
+	countMu sync.Mutex    // orders refreshes of the gauges from a shared store
+	countAt time.Time     // when the gauges were last read from a shared store
+
+	randMu sync.Mutex
+	rand   *bufio.Reader // crypto/rand, buffered: see newMessageID
+
 	mu       sync.Mutex // guards queues and creating; never held across a commit
 	queues   map[string]*queue
 	creating map[string]bool // names of queues being created
@@ -81,6 +96,7 @@ func Open(ctx context.Context, store Store, opts Options) (*Core, error) {
 	c := &Core{
 		store: store, clock: opts.Clock, notify: opts.Notifier, log: opts.Logger, opts: opts,
 		queues: map[string]*queue{}, creating: map[string]bool{}, done: make(chan struct{}),
+		rand: bufio.NewReaderSize(rand.Reader, 4096),
 	}
 	c.started = c.clock.Now()
 	maxID, err := store.MaxID(ctx)
@@ -113,6 +129,11 @@ func Open(ctx context.Context, store Store, opts Options) (*Core, error) {
 		c.queues[info.Name] = q
 	}
 	c.sched = newScheduler(c)
+	if ss, ok := store.(SharedStore); ok {
+		c.shared = ss
+		c.countAt = c.now()
+		ss.Subscribe(c.external)
+	}
 	c.wg.Add(1)
 	go c.sched.run()
 	c.sched.kick()
@@ -139,7 +160,46 @@ func (c *Core) Close() error {
 
 func (c *Core) now() time.Time { return c.clock.Now() }
 
-func (c *Core) newID() uint64 { return c.lastID.Add(1) }
+// idBlock is how many message IDs a daemon reserves at once in a shared
+// store.
+const idBlock = 1024
+
+// newID hands out a message ID: the next number of this core alone, or of
+// a block reserved in a shared store.
+func (c *Core) newID() (uint64, error) {
+	if c.shared == nil {
+		return c.lastID.Add(1), nil
+	}
+	c.idMu.Lock()
+	defer c.idMu.Unlock()
+	if c.idNext == c.idEnd {
+		first, err := c.shared.ReserveIDs(context.Background(), idBlock)
+		if err != nil {
+			return 0, fmt.Errorf("reserve message IDs: %w", err)
+		}
+		c.idNext, c.idEnd = first, first+idBlock
+	}
+	id := c.idNext
+	c.idNext++
+	return id, nil
+}
+
+// newSeq hands out the Seq of a message entering inbox/. With a shared
+// store it is the commit time in nanoseconds (made strictly increasing
+// here), so that the messages of several daemons line up by time.
+func (c *Core) newSeq() uint64 {
+	if c.shared == nil {
+		return c.lastID.Add(1)
+	}
+	now := uint64(c.now().UnixNano())
+	for {
+		last := c.lastSeq.Load()
+		next := max(last+1, now)
+		if c.lastSeq.CompareAndSwap(last, next) {
+			return next
+		}
+	}
+}
 
 // queue returns a live queue or ErrNotFound.
 func (c *Core) queue(name string) (*queue, error) {
@@ -217,6 +277,13 @@ func (c *Core) DeleteQueue(ctx context.Context, name string, force bool) error {
 	q, err := c.queue(name)
 	if err != nil {
 		return err
+	}
+	if c.shared != nil && !force {
+		// Other daemons fill it too: look at the store, not at old gauges.
+		c.forceCounts()
+		if err := c.refreshCounts(ctx); err != nil {
+			return fmt.Errorf("delete queue %q: %w", name, err)
+		}
 	}
 	q.mu.Lock()
 	if !force && !q.emptyLocked() {
@@ -372,6 +439,8 @@ type queue struct {
 
 	dedup map[string]time.Time // dedup key → commit time
 
+	leases map[string]Message // lease cache: see noteLease
+
 	counters counters
 	rates    rates
 }
@@ -387,6 +456,7 @@ func newQueue(info QueueInfo, p Policy) *queue {
 		claims:  map[claimKey]chan struct{}{},
 		readyCh: make(chan struct{}),
 		dedup:   map[string]time.Time{},
+		leases:  map[string]Message{},
 	}
 }
 

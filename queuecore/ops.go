@@ -104,17 +104,6 @@ func (c *Core) publish(ctx context.Context, q *queue, name string, body []byte, 
 	var b batch
 	defer c.finish(claims, &b)
 
-	for i, cl := range claims {
-		if _, err := c.store.Lookup(ctx, cl.q.name, name, false); err == nil {
-			if i == 0 {
-				return PublishResult{}, fmt.Errorf("%s/%s: %w (live in this queue)", q.name, name, ErrExists)
-			}
-			return PublishResult{}, fmt.Errorf("%s/%s: %w in fanout queue %q", q.name, name, ErrExists, cl.q.name)
-		} else if !errors.Is(err, ErrNotFound) {
-			return PublishResult{}, err
-		}
-	}
-
 	m := Message{
 		Queue: q.name, Name: name, State: StateReady,
 		Priority: chk.facts.Priority, Size: int64(len(chk.body)),
@@ -122,7 +111,7 @@ func (c *Core) publish(ctx context.Context, q *queue, name string, body []byte, 
 		DedupKey: dedupKey, UID: o.UID, GID: o.GID,
 	}
 	if m.MessageID == "" {
-		m.MessageID = uuid.NewString()
+		m.MessageID = c.newMessageID()
 	}
 	delay := max(o.Delay, chk.facts.Delay)
 	var vmsg string
@@ -159,16 +148,21 @@ func (c *Core) publish(ctx context.Context, q *queue, name string, body []byte, 
 		}
 	}()
 
+	var err error
 	m.ID = o.ID
 	if m.ID == 0 {
-		m.ID = c.newID()
+		if m.ID, err = c.newID(); err != nil {
+			return PublishResult{}, fmt.Errorf("publish %s/%s: %w", q.name, name, err)
+		}
 	}
-	m.Seq = c.newID() // delivery order is commit order
+	m.Seq = c.newSeq() // delivery order is commit order
 	b.insert(q, m, chk.body, false)
 	for _, fq := range fan {
 		cp := m
-		cp.ID = c.newID()
-		cp.Seq = cp.ID
+		if cp.ID, err = c.newID(); err != nil {
+			return PublishResult{}, fmt.Errorf("publish %s/%s: %w", q.name, name, err)
+		}
+		cp.Seq = c.newSeq()
 		cp.Queue = fq.name
 		b.insert(fq, cp, chk.body, true)
 	}
@@ -190,7 +184,13 @@ func (c *Core) publish(ctx context.Context, q *queue, name string, body []byte, 
 			q.mu.Unlock()
 		}
 	})
+	// A live name is refused by the store itself (ErrExists), so the
+	// common case costs no read; which queue holds it is looked up only
+	// then, for the message.
 	if err := c.commit(ctx, &b); err != nil {
+		if errors.Is(err, ErrExists) {
+			return PublishResult{}, fmt.Errorf("%s/%s: %w", q.name, name, c.whereExists(ctx, claims, name))
+		}
 		if verr != nil {
 			c.log.Error("validation failure could not be kept in dlq", logQueue, q.name, logName, name, logErr, err)
 			return PublishResult{}, &ValidationError{Queue: q.name, Name: name, Reason: vmsg}
@@ -204,8 +204,42 @@ func (c *Core) publish(ctx context.Context, q *queue, name string, body []byte, 
 	return PublishResult{Message: m}, nil
 }
 
-// NewID reserves a message ID for a later Publish.
-func (c *Core) NewID() uint64 { return c.newID() }
+// newMessageID makes a random (version 4) UUID for a message that brought
+// none, from a buffered source: one getrandom(2) per 256 of them rather
+// than one each.
+func (c *Core) newMessageID() string {
+	c.randMu.Lock()
+	u, err := uuid.NewRandomFromReader(c.rand)
+	c.randMu.Unlock()
+	if err != nil {
+		return uuid.NewString()
+	}
+	return u.String()
+}
+
+// whereExists explains an ErrExists of a publish: which of the claimed
+// queues (the target or a fanout queue) holds the name.
+func (c *Core) whereExists(ctx context.Context, claims []claim, name string) error {
+	for i, cl := range claims {
+		if _, err := c.store.Lookup(ctx, cl.q.name, name, false); err == nil {
+			if i == 0 {
+				return fmt.Errorf("%w (live in this queue)", ErrExists)
+			}
+			return fmt.Errorf("%w in fanout queue %q", ErrExists, cl.q.name)
+		}
+	}
+	return ErrExists
+}
+
+// NewID reserves a message ID for a later Publish. It is 0 when a shared
+// store could not be reached; Publish then picks one itself.
+func (c *Core) NewID() uint64 {
+	id, err := c.newID()
+	if err != nil {
+		c.log.Warn("no message ID reserved", logErr, err)
+	}
+	return id
+}
 
 // Get returns the metadata of the message called name in one state.
 func (c *Core) Get(ctx context.Context, queueName string, s State, name string) (Message, error) {
@@ -248,9 +282,14 @@ func (c *Core) single(ctx context.Context, queueName, name string, from State, a
 	}
 	var b batch
 	defer c.finish(claims, &b)
-	m, err := c.lookup(ctx, q, from, name)
-	if err != nil {
-		return Message{}, err
+	m, cached := Message{}, false
+	if from == StateLeased && c.shared == nil {
+		m, cached = q.cachedLease(name)
+	}
+	if !cached {
+		if m, err = c.lookup(ctx, q, from, name); err != nil {
+			return Message{}, err
+		}
 	}
 	p := policyOf(q)
 	if err := change(q, m, &p, c.now(), &b); err != nil {
@@ -296,6 +335,9 @@ func (c *Core) Next(ctx context.Context, queueName, consumer string, nonblock bo
 	q, err := c.queue(queueName)
 	if err != nil {
 		return Message{}, err
+	}
+	if c.shared != nil {
+		return c.nextShared(ctx, q, consumer, nonblock)
 	}
 	for {
 		if err := ctx.Err(); err != nil {
@@ -459,7 +501,7 @@ func (c *Core) failOps(q *queue, m Message, p *Policy, now time.Time, defaultRea
 		if d := p.Backoff(m.Attempts); d > 0 {
 			m.State, m.Deadline = StateDelayed, now.Add(d)
 		} else {
-			m.State, m.Seq = StateReady, c.newID()
+			m.State, m.Seq = StateReady, c.newSeq()
 		}
 	}
 	b.update(q, old, m)
@@ -503,7 +545,7 @@ func (c *Core) DeadLetter(ctx context.Context, queueName, name string, from Stat
 func (c *Core) Redrive(ctx context.Context, queueName, name string) (Message, error) {
 	return c.single(ctx, queueName, name, StateDead, false, func(q *queue, m Message, p *Policy, now time.Time, b *batch) error {
 		old := m
-		m.State, m.Seq, m.Attempts, m.StateAt, m.PublishedAt = StateReady, c.newID(), 0, now, now
+		m.State, m.Seq, m.Attempts, m.StateAt, m.PublishedAt = StateReady, c.newSeq(), 0, now, now
 		m.Redrives++
 		b.update(q, old, m)
 		b.count(func(time.Time) { q.counters.redriven.Add(1) })
@@ -515,7 +557,7 @@ func (c *Core) Redrive(ctx context.Context, queueName, name string) (Message, er
 func (c *Core) RunNow(ctx context.Context, queueName, name string) (Message, error) {
 	return c.single(ctx, queueName, name, StateDelayed, false, func(q *queue, m Message, p *Policy, now time.Time, b *batch) error {
 		old := m
-		m.State, m.Seq, m.StateAt, m.Deadline = StateReady, c.newID(), now, time.Time{}
+		m.State, m.Seq, m.StateAt, m.Deadline = StateReady, c.newSeq(), now, time.Time{}
 		b.update(q, old, m)
 		return nil
 	})
@@ -614,12 +656,16 @@ func (c *Core) Forward(ctx context.Context, queueName, name, toQueue string) (Me
 	if err := c.ackOps(ctx, q, m, &p, now, &b); err != nil {
 		return Message{}, err
 	}
+	fid, err := c.newID()
+	if err != nil {
+		return Message{}, fmt.Errorf("forward %s/%s to %q: %w", queueName, name, toQueue, err)
+	}
 	fm := Message{
-		ID: c.newID(), Queue: toQueue, Name: name, State: StateReady,
+		ID: fid, Queue: toQueue, Name: name, State: StateReady,
 		Priority: chk.facts.Priority, Size: int64(len(chk.body)), MessageID: m.MessageID,
 		PublishedAt: now, FirstAt: now, StateAt: now, DedupKey: m.DedupKey, UID: m.UID, GID: m.GID,
 	}
-	fm.Seq = fm.ID
+	fm.Seq = c.newSeq()
 	b.insert(tq, fm, chk.body, true)
 	b.count(func(now time.Time) {
 		tq.counters.published.Add(1)
@@ -670,6 +716,9 @@ func (c *Core) Purge(ctx context.Context, queueName string, s State) (int, error
 		}
 		err := c.commit(ctx, &b)
 		c.finish(claims, &b)
+		if errors.Is(err, ErrConflict) {
+			continue // another daemon moved one of them: list again
+		}
 		if err != nil {
 			return total, err
 		}

@@ -2,6 +2,7 @@ package queuecore
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 )
@@ -95,6 +96,11 @@ func (s *scheduler) work() time.Time {
 	c := s.c
 	ctx := context.Background()
 	now := c.now()
+	if c.shared != nil {
+		if !c.shared.Duty() {
+			return now.Add(sharedPoll) // another daemon does it; look again for a takeover
+		}
+	}
 	var next time.Time
 	soonest := func(t time.Time) {
 		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
@@ -119,6 +125,9 @@ func (s *scheduler) work() time.Time {
 	if expired > 0 {
 		c.log.Debug("scheduler moved due messages", "count", expired)
 	}
+	if err := c.refreshCounts(ctx); err != nil { // shared store: retention by count needs fresh gauges
+		c.log.Error("scheduler: read counts", logErr, err)
+	}
 	for _, name := range c.QueueNames() {
 		q, err := c.queue(name)
 		if err != nil {
@@ -136,6 +145,11 @@ func (s *scheduler) work() time.Time {
 	}
 	if busy {
 		soonest(now.Add(busyRetry))
+	}
+	if c.shared != nil {
+		// Other daemons set deadlines this one hears of only as hints, and
+		// the duty must be checked: look again within sharedPoll.
+		soonest(now.Add(sharedPoll))
 	}
 	return next
 }
@@ -159,6 +173,15 @@ func (s *scheduler) handleDue(ctx context.Context, due []Message, now time.Time)
 	b := batch{byDaemon: true}
 	var claims []claim
 	expiredBy := map[*queue]int64{}
+	if c.shared != nil && len(due) > 1 {
+		// Other daemons ack and touch these messages at the same time, and
+		// one conflict fails a whole batch: commit them one by one.
+		for i := range due {
+			n, h := s.handleDue(ctx, due[i:i+1], now)
+			moved, held = moved+n, held+h
+		}
+		return moved, held
+	}
 	for _, m := range due {
 		q, err := c.queue(m.Queue)
 		if err != nil {
@@ -182,7 +205,7 @@ func (s *scheduler) handleDue(ctx context.Context, due []Message, now time.Time)
 			expiredBy[q]++
 		case StateDelayed:
 			old := cur
-			cur.State, cur.Seq, cur.StateAt, cur.Deadline = StateReady, c.newID(), now, time.Time{}
+			cur.State, cur.Seq, cur.StateAt, cur.Deadline = StateReady, c.newSeq(), now, time.Time{}
 			b.update(q, old, cur)
 		}
 		moved++
@@ -190,7 +213,10 @@ func (s *scheduler) handleDue(ctx context.Context, due []Message, now time.Time)
 	for q, n := range expiredBy {
 		b.count(func(time.Time) { q.counters.expired.Add(n) })
 	}
-	if err := c.commit(ctx, &b); err != nil {
+	if err := c.commit(ctx, &b); errors.Is(err, ErrConflict) {
+		c.log.Debug("scheduler: a due message was moved by another daemon", logErr, err)
+		moved = 0
+	} else if err != nil {
 		c.log.Error("scheduler: commit expiries", logErr, err)
 		moved = 0
 	}
@@ -270,6 +296,9 @@ func (s *scheduler) retention(ctx context.Context, q *queue, now time.Time) (nex
 			}
 			err = c.commit(ctx, &b)
 			c.finish(claims, &b)
+			if errors.Is(err, ErrConflict) {
+				return now.Add(busyRetry), false // another daemon changed one: read again
+			}
 			if err != nil {
 				c.log.Error("scheduler: retention commit", logQueue, q.name, logErr, err)
 				return now.Add(time.Second), false

@@ -2,7 +2,9 @@ package queuecore
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
 )
 
 // ErrConflict is what a shared store returns when an update or delete finds
@@ -59,4 +61,223 @@ type SharedStore interface {
 type Change struct {
 	Queue, Name string
 	From, To    State // as in Event
+}
+
+// sharedPoll bounds how long a daemon on a shared store goes without
+// looking at the store by itself: a blocked Next looks again, and the
+// scheduler checks its duty and the next due time, at least this often,
+// so that progress never depends on a hint arriving.
+const sharedPoll = time.Second
+
+// countsTTL is how old the gauges of a shared store may be when read.
+const countsTTL = time.Second
+
+// external hears a hint from a shared store that another daemon committed
+// something: it wakes blocked readers, tells the kernel, and reloads the
+// queues when a queue changed.
+func (c *Core) external(ch Change) {
+	if c.closed.Load() {
+		return
+	}
+	if ch.Queue == "" || ch.Name == "" {
+		if err := c.reloadQueues(context.Background()); err != nil {
+			c.log.Warn("reload queues from the shared store", logErr, err)
+		}
+		if ch.Queue == "" {
+			c.forceCounts()
+			c.sched.kick()
+		}
+		return
+	}
+	c.mu.Lock()
+	q := c.queues[ch.Queue]
+	c.mu.Unlock()
+	if q == nil {
+		if err := c.reloadQueues(context.Background()); err != nil {
+			c.log.Warn("reload queues from the shared store", logErr, err)
+		}
+		return
+	}
+	if ch.To == StateReady {
+		q.mu.Lock()
+		if q.waiting > 0 {
+			q.wakeReaders()
+		}
+		q.mu.Unlock()
+	}
+	if ch.To == StateDelayed {
+		c.sched.kick() // its delay may end before the scheduler looks again
+	}
+	if c.notify != nil {
+		c.notify.Notify(Event{Queue: ch.Queue, Name: ch.Name, From: ch.From, To: ch.To, ByDaemon: true})
+	}
+}
+
+// reloadQueues makes the core's queues those of the shared store: new ones
+// appear, deleted ones go (their blocked readers wake with ErrNotFound),
+// and policies and owners changed elsewhere take effect.
+func (c *Core) reloadQueues(ctx context.Context) error {
+	infos, err := c.store.Queues(ctx)
+	if err != nil {
+		return err
+	}
+	seen := make(map[string]bool, len(infos))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, info := range infos {
+		seen[info.Name] = true
+		p, perr := ParsePolicy(info.Policy)
+		if perr != nil {
+			p = DefaultPolicy()
+		}
+		q := c.queues[info.Name]
+		if q == nil {
+			if !c.creating[info.Name] {
+				c.queues[info.Name] = newQueue(info, p)
+				c.log.Info("queue created by another daemon", logQueue, info.Name)
+			}
+			continue
+		}
+		q.mu.Lock()
+		wasPaused := q.policy.Paused
+		q.info, q.policy = info, p
+		if wasPaused && !p.Paused {
+			q.wakeReaders()
+		}
+		q.mu.Unlock()
+	}
+	for name, q := range c.queues {
+		if seen[name] {
+			continue
+		}
+		q.mu.Lock()
+		q.deleted = true
+		q.wakeReaders()
+		q.mu.Unlock()
+		delete(c.queues, name)
+		c.log.Info("queue deleted by another daemon", logQueue, name)
+	}
+	c.countAt = time.Time{}
+	return nil
+}
+
+// refreshCounts reads the gauges of every queue from a shared store when
+// they are older than countsTTL: other daemons change them too.
+func (c *Core) refreshCounts(ctx context.Context) error {
+	if c.shared == nil {
+		return nil
+	}
+	c.countMu.Lock()
+	defer c.countMu.Unlock()
+	now := c.now()
+	if !c.countAt.IsZero() && now.Sub(c.countAt) < countsTTL {
+		return nil
+	}
+	counts, err := c.store.Counts(ctx)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	qs := make([]*queue, 0, len(c.queues))
+	for _, q := range c.queues {
+		qs = append(qs, q)
+	}
+	c.mu.Unlock()
+	for _, q := range qs {
+		q.mu.Lock()
+		for _, s := range States {
+			q.gauges[s] = counts[q.name][s]
+		}
+		q.mu.Unlock()
+	}
+	c.countAt = now
+	return nil
+}
+
+// forceCounts makes the next refreshCounts read the store.
+func (c *Core) forceCounts() {
+	c.countMu.Lock()
+	c.countAt = time.Time{}
+	c.countMu.Unlock()
+}
+
+// nextShared is Next on a shared store: the store picks and leases the
+// message in one transaction (FOR UPDATE SKIP LOCKED), so daemons on
+// several hosts never lease one message twice. A blocked caller waits for
+// a hint or a local commit, and looks again every sharedPoll regardless.
+func (c *Core) nextShared(ctx context.Context, q *queue, consumer string, nonblock bool) (Message, error) {
+	for {
+		if err := ctx.Err(); err != nil {
+			return Message{}, err
+		}
+		q.mu.Lock()
+		if q.deleted {
+			q.mu.Unlock()
+			return Message{}, errQueueGone(q)
+		}
+		if c.closed.Load() {
+			q.mu.Unlock()
+			return Message{}, ErrClosed
+		}
+		wake := q.readyCh
+		p := q.policy
+		var skip []string
+		for k := range q.claims {
+			if !k.archived {
+				skip = append(skip, k.name)
+			}
+		}
+		if !nonblock {
+			q.waiting++
+		}
+		q.mu.Unlock()
+		unwait := func() {
+			if !nonblock {
+				q.mu.Lock()
+				q.waiting--
+				q.mu.Unlock()
+			}
+		}
+		if !p.Paused {
+			var b batch
+			now := c.now()
+			m, err := c.shared.LeaseNext(context.WithoutCancel(ctx), q.name, skip, func(m Message) Message {
+				b = batch{}
+				c.leaseOps(q, m, &p, now, consumer, &b)
+				return b.ops[0].Msg
+			})
+			switch {
+			case err == nil:
+				unwait()
+				c.applied(&b)
+				c.finish(nil, &b)
+				return m, nil
+			case errors.Is(err, ErrEmpty):
+			default:
+				unwait()
+				return Message{}, fmt.Errorf("lease from %q: %w", q.name, err)
+			}
+		}
+		if nonblock {
+			if p.Paused {
+				return Message{}, fmt.Errorf("queue %q: %w", q.name, ErrPaused)
+			}
+			return Message{}, fmt.Errorf("queue %q: %w", q.name, ErrEmpty)
+		}
+		t := time.NewTimer(sharedPoll)
+		var werr error
+		select {
+		case <-wake:
+		case <-t.C:
+		case <-ctx.Done():
+			werr = ctx.Err()
+		case <-c.done:
+			werr = ErrClosed
+		}
+		t.Stop()
+		unwait()
+		if werr != nil {
+			return Message{}, werr
+		}
+	}
 }

@@ -107,6 +107,9 @@ func (c *Core) Stats(ctx context.Context, queueName string) (QueueStats, error) 
 	if err != nil {
 		return QueueStats{}, err
 	}
+	if err := c.refreshCounts(ctx); err != nil {
+		return QueueStats{}, err
+	}
 	now := c.now()
 	var oldest time.Time
 	n := 0

@@ -75,6 +75,14 @@ type batch struct {
 	deadline  time.Time // earliest lease deadline or due time set; zero if none
 	kick      bool      // the scheduler must look again (retention)
 	committed bool      // the store has it; its events may be announced
+	touched   []touch   // live names written, for the lease cache
+}
+
+// touch is one live name a batch wrote: its new metadata, or gone.
+type touch struct {
+	q    *queue
+	m    Message
+	gone bool
 }
 
 // finish releases an operation's claims, then tells the notifier what its
@@ -105,6 +113,7 @@ func (b *batch) insert(q *queue, m Message, body []byte, byDaemon bool) {
 
 func (b *batch) update(q *queue, old, m Message) {
 	b.ops = append(b.ops, Op{Kind: OpUpdate, Msg: m, From: old.State})
+	b.touched = append(b.touched, touch{q: q, m: m})
 	if old.State != m.State {
 		b.deltas = append(b.deltas,
 			gaugeDelta{q: q, s: old.State, n: -1, sz: -old.Size},
@@ -116,6 +125,7 @@ func (b *batch) update(q *queue, old, m Message) {
 
 func (b *batch) remove(q *queue, old Message) {
 	b.ops = append(b.ops, Op{Kind: OpDelete, Msg: Message{ID: old.ID, Queue: old.Queue, Name: old.Name, State: old.State, Rev: old.Rev}, From: old.State})
+	b.touched = append(b.touched, touch{q: q, m: old, gone: true})
 	b.deltas = append(b.deltas, gaugeDelta{q: q, s: old.State, n: -1, sz: -old.Size})
 	b.events = append(b.events, Event{Queue: old.Queue, Name: old.Name, From: old.State, ByDaemon: b.byDaemon})
 }
@@ -138,6 +148,13 @@ func (c *Core) commit(ctx context.Context, b *batch) error {
 	if err := c.store.Apply(context.WithoutCancel(ctx), b.ops); err != nil {
 		return err
 	}
+	c.applied(b)
+	return nil
+}
+
+// applied updates gauges, counters, the lease cache and the scheduler for
+// a batch the store has committed.
+func (c *Core) applied(b *batch) {
 	now := c.now()
 	for _, d := range b.deltas {
 		d.q.mu.Lock()
@@ -148,10 +165,15 @@ func (c *Core) commit(ctx context.Context, b *batch) error {
 		if d.n > 0 && wasEmpty && (d.s == StateDead || d.s == StateArchived) {
 			b.kick = true // the retention timer may have nothing to wait for yet
 		}
-		if d.s == StateArchived && d.q.policy.Archive.MaxMessages > 0 && g.N > d.q.policy.Archive.MaxMessages {
+		if limit := d.q.policy.Archive.MaxMessages; d.s == StateArchived && limit > 0 && g.N > limit+archiveSlack(limit) {
 			b.kick = true
 		}
 		d.q.mu.Unlock()
+	}
+	if c.shared == nil {
+		for _, t := range b.touched {
+			t.q.noteLease(t.m, t.gone)
+		}
 	}
 	for _, f := range b.counts {
 		f(now)
@@ -162,5 +184,41 @@ func (c *Core) commit(ctx context.Context, b *batch) error {
 	} else if !b.deadline.IsZero() {
 		c.sched.wakeBy(b.deadline)
 	}
-	return nil
 }
+
+// leaseCacheMax bounds the lease cache of one queue.
+const leaseCacheMax = 16384
+
+// noteLease keeps the lease cache true after a commit that wrote m (or
+// removed it, gone): the cache holds the metadata of messages this core
+// leased, so that an ack, nack or touch of them needs no store read. Every
+// change of a live name goes through a commit of this core under the
+// name's claim, so the cache cannot go stale; a store that other daemons
+// share is not cached at all.
+func (q *queue) noteLease(m Message, gone bool) {
+	if m.State == StateArchived {
+		return
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if gone || m.State != StateLeased {
+		delete(q.leases, m.Name)
+		return
+	}
+	if _, ok := q.leases[m.Name]; ok || len(q.leases) < leaseCacheMax {
+		q.leases[m.Name] = m
+	}
+}
+
+// cachedLease returns the cached metadata of the leased message name.
+func (q *queue) cachedLease(name string) (Message, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	m, ok := q.leases[name]
+	return m, ok
+}
+
+// archiveSlack is how far the archive may grow past its maxMessages before
+// the scheduler trims it (back to maxMessages): a large archive is trimmed
+// in batches rather than with one commit per ack.
+func archiveSlack(limit int64) int64 { return min(limit/100, dueBatch/4) }
