@@ -14,6 +14,8 @@ import (
 
 // Event tells a Notifier that a message changed place.
 type Event struct {
+	// Name is empty for a queue that another daemon of a shared store
+	// created or deleted.
 	Queue, Name string
 	From, To    State // 0: the message did not exist before / does not exist after
 	// ByDaemon is true when the core moved the message by itself (lease
@@ -21,6 +23,10 @@ type Event struct {
 	// forwards, validation failures kept in dlq/), not as the direct
 	// result of the caller's own request.
 	ByDaemon bool
+	// Remote is set (with ByDaemon) when another daemon of a shared store
+	// made the change: the Notifier hears of it from the store's hints,
+	// on the goroutine that delivers them, which it should not hold up.
+	Remote bool
 }
 
 // Notifier hears about moves. Notify is called once the operation's store

@@ -58,6 +58,8 @@ type SharedStore interface {
 // Change is a hint from a shared store that another daemon committed a
 // change. Name is empty for a change of the queue itself (created, deleted,
 // new policy or owner); Queue is empty for "anything may have changed".
+// The core passes queue-level changes on to its Notifier as an Event with
+// an empty Name.
 type Change struct {
 	Queue, Name string
 	From, To    State // as in Event
@@ -109,7 +111,7 @@ func (c *Core) external(ch Change) {
 		c.sched.kick() // its delay may end before the scheduler looks again
 	}
 	if c.notify != nil {
-		c.notify.Notify(Event{Queue: ch.Queue, Name: ch.Name, From: ch.From, To: ch.To, ByDaemon: true})
+		c.notify.Notify(Event{Queue: ch.Queue, Name: ch.Name, From: ch.From, To: ch.To, ByDaemon: true, Remote: true})
 	}
 }
 
@@ -122,8 +124,8 @@ func (c *Core) reloadQueues(ctx context.Context) error {
 		return err
 	}
 	seen := make(map[string]bool, len(infos))
+	var changed []string
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	for _, info := range infos {
 		seen[info.Name] = true
 		p, perr := ParsePolicy(info.Policy)
@@ -135,6 +137,7 @@ func (c *Core) reloadQueues(ctx context.Context) error {
 			if !c.creating[info.Name] {
 				c.queues[info.Name] = newQueue(info, p)
 				c.log.Info("queue created by another daemon", logQueue, info.Name)
+				changed = append(changed, info.Name)
 			}
 			continue
 		}
@@ -156,8 +159,15 @@ func (c *Core) reloadQueues(ctx context.Context) error {
 		q.mu.Unlock()
 		delete(c.queues, name)
 		c.log.Info("queue deleted by another daemon", logQueue, name)
+		changed = append(changed, name)
 	}
-	c.countAt = time.Time{}
+	c.mu.Unlock()
+	c.forceCounts()
+	if c.notify != nil {
+		for _, name := range changed {
+			c.notify.Notify(Event{Queue: name, ByDaemon: true, Remote: true}) // the kernel may cache the queue's absence
+		}
+	}
 	return nil
 }
 

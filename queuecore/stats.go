@@ -88,11 +88,14 @@ type Rates struct {
 
 // DaemonStats is MOUNT/.stats.
 type DaemonStats struct {
-	Version   string       `json:"version"`
-	Backend   string       `json:"backend"`
-	Store     string       `json:"store"`
-	UptimeSec float64      `json:"uptime_sec"`
-	Queues    []QueueStats `json:"queues"`
+	Version   string  `json:"version"`
+	Backend   string  `json:"backend"`
+	Store     string  `json:"store"`
+	UptimeSec float64 `json:"uptime_sec"`
+	// Duty is set with a store several daemons share: whether this daemon
+	// now does the timed work (expiry, backoff, retention) for all of them.
+	Duty   *bool        `json:"duty,omitempty"`
+	Queues []QueueStats `json:"queues"`
 }
 
 // oldestScan bounds the look for the oldest ready message: with
@@ -148,6 +151,10 @@ func (c *Core) DaemonStats(ctx context.Context) (DaemonStats, error) {
 	d := DaemonStats{
 		Version: c.opts.Version, Backend: c.opts.Backend, Store: c.opts.StorePath,
 		UptimeSec: c.now().Sub(c.started).Seconds(), Queues: []QueueStats{},
+	}
+	if c.shared != nil {
+		duty := c.shared.Duty()
+		d.Duty = &duty
 	}
 	for _, name := range c.QueueNames() {
 		s, err := c.Stats(ctx, name)
