@@ -6,8 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"runtime/debug"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -68,6 +66,7 @@ type FS struct {
 	pending map[pendingKey]*msgNode // files in inbox/ not yet committed, and drafts
 
 	placements placements // where the kernel last saw each message
+	leasers    leasers    // who leases: /proc read once per thread (proc.go)
 
 	started time.Time
 	done    chan struct{}
@@ -206,6 +205,10 @@ func msgIno(id uint64) uint64 { return inoMsgBase + id%inoMsgSpan }
 func (f *FS) Notify(e queuecore.Event) {
 	switch {
 	case !e.ByDaemon:
+	case e.Name == "" || e.Remote:
+		// Another daemon of a shared store moved it: tell the kernel off
+		// the hint's goroutine, which must not wait for a directory lock.
+		f.queueInvalidation(e)
 	case e.From != 0:
 		f.invalidate(e.Queue, e.From, e.Name)
 		f.invalidate(e.Queue, e.To, e.Name)
@@ -231,6 +234,12 @@ func (f *FS) sendInvalidations() {
 	for {
 		select {
 		case e := <-f.events:
+			if e.Name == "" {
+				if errno := f.root.NotifyEntry(e.Queue); errno != 0 && errno != syscall.ENOENT {
+					f.log.Debug("entry invalidation failed", "queue", e.Queue, "errno", errno)
+				}
+				continue
+			}
 			f.invalidate(e.Queue, e.From, e.Name)
 			f.invalidate(e.Queue, e.To, e.Name)
 		case <-f.done:
@@ -302,40 +311,6 @@ func caller(ctx context.Context) (uid, gid, pid uint32) {
 		return c.Uid, c.Gid, c.Pid
 	}
 	return 0, 0, 0
-}
-
-// threadGroup returns the process (thread group) of a thread: FUSE gives
-// the thread id, and a multi-threaded writer may close on another thread
-// than the one that created the file.
-func threadGroup(tid uint32) uint32 {
-	b, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(tid), 10) + "/status")
-	if err != nil {
-		return tid
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "Tgid:"); ok {
-			if n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 32); err == nil {
-				return uint32(n)
-			}
-		}
-	}
-	return tid
-}
-
-// sameProcess reports whether two threads belong to one process. The
-// common case, a close on the thread that created the file, costs nothing;
-// otherwise /proc says (about 40 µs, a FUSE request's worth).
-func sameProcess(tid, other uint32) bool {
-	return tid == other || threadGroup(tid) == threadGroup(other)
-}
-
-// consumer describes a leaser for user.yirangmq.consumer: its uid, its
-// process id (FUSE gives the thread) and its command.
-func consumer(ctx context.Context) string {
-	uid, _, pid := caller(ctx)
-	comm, _ := os.ReadFile("/proc/" + strconv.FormatUint(uint64(pid), 10) + "/comm")
-	return "uid=" + strconv.FormatUint(uint64(uid), 10) + " pid=" + strconv.FormatUint(uint64(threadGroup(pid)), 10) +
-		" cmd=" + strings.TrimSpace(string(comm))
 }
 
 // fillDir sets the attributes of a directory.

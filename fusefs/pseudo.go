@@ -302,7 +302,7 @@ func (n *nextNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off 
 			n.fsys.log.Warn(".next refused: too many blocked readers", "queue", n.queue, "max", n.fsys.opts.MaxNextReaders)
 			return nil, syscall.EBUSY
 		}
-		m, err := n.fsys.core.Next(ctx, n.queue, consumer(ctx), h.nonblock)
+		m, err := n.fsys.core.Next(ctx, n.queue, n.fsys.consumer(ctx), h.nonblock)
 		n.fsys.nextReaders.Add(-1)
 		if err != nil {
 			return nil, errnoOf(err)

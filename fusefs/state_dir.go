@@ -176,7 +176,7 @@ func (d *stateDir) Rename(ctx context.Context, name string, newParent fs.InodeEm
 	}
 	leaser := ""
 	if to.state == queuecore.StateLeased {
-		leaser = consumer(ctx)
+		leaser = d.fsys.consumer(ctx)
 	}
 	m, err := d.fsys.core.Move(ctx, d.queue, d.state, name, to.queue, to.state, leaser)
 	if err != nil {

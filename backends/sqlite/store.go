@@ -57,14 +57,16 @@ type Store struct {
 	closed  bool
 
 	// Group commit (writer.go), all guarded by groupMu: the batches
-	// queued for the next commit, whether a leader is committing (it then
-	// owns w and spare), and the signal that a commit is done.
-	groupMu    sync.Mutex
-	groupDone  *sync.Cond
-	pending    []*batch
-	committing bool
-	spare      []*batch
-	w          *writer
+	// queued for the next commit, whether a leader (or a read, or
+	// takeWriter) has the writer (it then owns w and spare), and the
+	// signal to takeWriter's waiters that it is free.
+	groupMu       sync.Mutex
+	writerFree    *sync.Cond
+	writerWaiters int
+	pending       []*batch
+	committing    bool
+	spare         []*batch
+	w             *writer
 
 	// Readers (reader.go): idle ones in idle, readers open in total.
 	idle      chan *reader
@@ -118,7 +120,7 @@ func open(ctx context.Context, dir string, opts backends.Options, tun tuning) (*
 		idle:   make(chan *reader, maxReaders),
 		tuning: tun,
 	}
-	s.groupDone = sync.NewCond(&s.groupMu)
+	s.writerFree = sync.NewCond(&s.groupMu)
 	if err := s.open(); err != nil {
 		s.closeConns()
 		lock.Unlock()

@@ -19,6 +19,10 @@ type batch struct {
 	fn   func(w *writer) error
 	err  error
 	done bool
+	// wake is made when the caller has to wait (a commit is in flight);
+	// it is signalled once, under groupMu: when the batch is done, or
+	// when its caller is to lead the next commit.
+	wake chan struct{}
 }
 
 // single reports whether the batch is one statement, which SQLite runs in
@@ -30,13 +34,13 @@ func (b *batch) single() bool {
 
 // write hands b to the group commit and returns its result.
 //
-// Group commit without a hand-off: a caller queues its batch and, if no
-// commit is in flight, becomes the leader: it takes every queued batch,
-// commits them in one transaction (one fsync in SyncFull), marks them done
-// and wakes the callers waiting. A caller that finds a commit in flight
-// waits; when woken, it returns if its batch was in that commit, and
-// otherwise leads the next one with every batch queued meanwhile. The
-// uncontended case is one mutex taken twice and no goroutine switch.
+// Group commit: a caller queues its batch and, if no commit is in flight,
+// becomes the leader: it takes every queued batch, commits them in one
+// transaction (one fsync in SyncFull), marks them done and wakes their
+// callers, and only them. Then it hands the writer to the first batch
+// queued meanwhile, whose caller leads the next commit with every batch
+// queued by then; no other waiter wakes up for nothing. The uncontended
+// case is one mutex taken twice and no goroutine switch.
 func (s *Store) write(b *batch) error {
 	s.closeMu.RLock()
 	defer s.closeMu.RUnlock()
@@ -44,30 +48,51 @@ func (s *Store) write(b *batch) error {
 		return errClosed
 	}
 	s.groupMu.Lock()
-	defer s.groupMu.Unlock()
 	s.pending = append(s.pending, b)
-	for !b.done {
-		if s.committing {
-			s.groupDone.Wait()
-			continue
-		}
-		s.committing = true
-		group := s.pending
-		s.pending = s.spare[:0]
+	if s.committing {
+		b.wake = make(chan struct{}, 1)
 		s.groupMu.Unlock()
-
-		s.w.commitGroup(group)
-
+		<-b.wake
 		s.groupMu.Lock()
-		for _, g := range group {
-			g.done = true
+		if b.done {
+			s.groupMu.Unlock()
+			return withErrno(b.err)
 		}
-		clear(group) // let the callers' ops go
-		s.spare = group[:0]
-		s.committing = false
-		s.groupDone.Broadcast()
+		// Handed the writer (committing stays set): lead the next commit.
+	} else {
+		s.committing = true
 	}
+	group := s.pending
+	s.pending = s.spare[:0]
+	s.groupMu.Unlock()
+
+	s.w.commitGroup(group)
+
+	s.groupMu.Lock()
+	for _, g := range group {
+		g.done = true
+		if g != b {
+			g.wake <- struct{}{} // every other batch of the group waits
+		}
+	}
+	clear(group) // let the callers' ops go
+	s.spare = group[:0]
+	s.handOff()
+	s.groupMu.Unlock()
 	return withErrno(b.err)
+}
+
+// handOff gives up the writer: to the first batch queued, whose caller
+// then leads the next commit, or to nobody. groupMu is held.
+func (s *Store) handOff() {
+	if len(s.pending) > 0 {
+		s.pending[0].wake <- struct{}{} // queued while committing: it waits
+		return
+	}
+	s.committing = false
+	if s.writerWaiters > 0 {
+		s.writerFree.Broadcast()
+	}
 }
 
 // takeWriter waits until no commit is in flight and keeps the writer for
@@ -76,7 +101,9 @@ func (s *Store) takeWriter() *writer {
 	s.groupMu.Lock()
 	defer s.groupMu.Unlock()
 	for s.committing {
-		s.groupDone.Wait()
+		s.writerWaiters++
+		s.writerFree.Wait()
+		s.writerWaiters--
 	}
 	s.committing = true
 	return s.w
@@ -85,8 +112,7 @@ func (s *Store) takeWriter() *writer {
 func (s *Store) giveWriter() {
 	s.groupMu.Lock()
 	defer s.groupMu.Unlock()
-	s.committing = false
-	s.groupDone.Broadcast()
+	s.handOff()
 }
 
 // writer is the one connection that writes, used only by the leader of a
