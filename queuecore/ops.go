@@ -12,8 +12,22 @@ import (
 func errQueueGone(q *queue) error { return fmt.Errorf("queue %q: %w", q.name, ErrNotFound) }
 
 func errNoMessage(queue string, s State, name string) error {
-	return fmt.Errorf("%s/%s/%s: %w", queue, s.Dir(), name, ErrNotFound)
+	return &noMessageError{queue, s, name}
 }
+
+// noMessageError is ErrNotFound for one path. Every negative LOOKUP of
+// the kernel makes one, so it is built without formatting.
+type noMessageError struct {
+	queue string
+	state State
+	name  string
+}
+
+func (e *noMessageError) Error() string {
+	return e.queue + "/" + e.state.Dir() + "/" + e.name + ": " + ErrNotFound.Error()
+}
+
+func (e *noMessageError) Unwrap() error { return ErrNotFound }
 
 // policyOf returns a copy of q's policy.
 func policyOf(q *queue) Policy {

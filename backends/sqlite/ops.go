@@ -84,6 +84,9 @@ func (s *Store) Lookup(_ context.Context, queue, name string, archived bool) (qu
 		m, err = scanMessage(r.dest)
 		return err
 	})
+	if err == queuecore.ErrNotFound {
+		return queuecore.Message{}, err // the common miss of a negative LOOKUP: no formatting
+	}
 	if err != nil {
 		where := "live"
 		if archived {
