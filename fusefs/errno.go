@@ -35,10 +35,22 @@ func errnoOf(err error) syscall.Errno {
 		return syscall.EAGAIN
 	case errors.Is(err, queuecore.ErrLocked):
 		return syscall.EBUSY
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return syscall.EINTR
-	case errors.As(err, &errno):
-		return errno // ENOSPC, EIO, EDQUOT from the store's filesystem
+	case errors.Is(err, context.Canceled):
+		return syscall.EINTR // a signal ended a wait (.next)
+	case errors.As(err, &errno) && storeErrno(errno):
+		return errno // ENOSPC, EDQUOT, EROFS… from the store's filesystem
 	}
+	// Anything else is the store failing: a timeout, an errno that means
+	// something else here (a database socket's ENOENT or ECONNREFUSED).
 	return syscall.EIO
+}
+
+// storeErrno reports whether an errno of the store's own filesystem means
+// the same to the caller of a mount and passes through.
+func storeErrno(e syscall.Errno) bool {
+	switch e {
+	case syscall.ENOSPC, syscall.EDQUOT, syscall.EIO, syscall.EROFS, syscall.EFBIG, syscall.ENOMEM:
+		return true
+	}
+	return false
 }

@@ -13,7 +13,8 @@ import (
 // FuzzErrnoOf: whatever a store or the core wraps, and however deep, an
 // error never reaches the kernel as 0 (success), a sentinel keeps its
 // errno through %w chains, and the errno of the store's filesystem (a full
-// disk) is what close(2) returns when nothing more specific is in the chain.
+// disk) is what close(2) returns when nothing more specific is in the chain;
+// any other errno (a database socket's ENOENT) is EIO, never passed on.
 func FuzzErrnoOf(f *testing.F) {
 	f.Add(uint8(0), uint8(1), uint16(28))
 	f.Add(uint8(12), uint8(3), uint16(5))
@@ -35,6 +36,8 @@ func FuzzErrnoOf(f *testing.F) {
 		{&queuecore.InputError{Field: "name", Msg: "bad", Err: queuecore.ErrInvalidName}, syscall.EINVAL},
 		{&queuecore.ValidationError{Queue: "q", Name: "m", Reason: "not JSON", Kept: true}, syscall.EINVAL},
 		{context.Canceled, syscall.EINTR},
+		{context.DeadlineExceeded, syscall.EIO}, // a store's timeout
+		{fmt.Errorf("dial unix /tmp/.s.PGSQL.5432: %w", syscall.ENOENT), syscall.EIO},
 		{nil, 0}, // a bare syscall.Errno
 		{errors.New("opaque"), syscall.EIO},
 	}
@@ -47,7 +50,10 @@ func FuzzErrnoOf(f *testing.F) {
 			if e == 0 {
 				e = syscall.ENOSPC
 			}
-			err, want = e, e
+			err, want = e, syscall.EIO
+			if storeErrno(e) {
+				want = e // a full disk, a read-only store: what close(2) says
+			}
 		}
 		for i := 0; i < int(depth%8); i++ {
 			if i%2 == 0 {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"yirangmq/queuecore"
+	"yirangmq/testenv"
 )
 
 // noRetryDelay: retries go straight back to inbox/.
@@ -344,7 +345,10 @@ func TestExpiryRetriesThenDeadLetters(t *testing.T) {
 		x := e.waitState("q", queuecore.StateDead, "m")
 		equal(t, "attempts", x.Attempts, 2)
 		equal(t, "reason", x.Reason, queuecore.ReasonLeaseExpired)
-		s := e.stats("q")
+		// Counters follow the commit (on the scheduler's goroutine) that a
+		// reader of the store may see first.
+		var s queuecore.QueueStats
+		testenv.RetryUntil(5*time.Second, func() bool { s = e.stats("q"); return s.ExpiredTotal >= 2 })
 		equal(t, "expired_total", s.ExpiredTotal, int64(2))
 		equal(t, "dead_lettered_total", s.DeadLetteredTotal, int64(1))
 		equal(t, "dlq", s.DLQ, int64(1))

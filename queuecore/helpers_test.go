@@ -2,15 +2,21 @@ package queuecore_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
+	"fmt"
+	"os"
 	"testing"
 	"time"
 
 	"yirangmq/backends"
 	"yirangmq/backends/fs"
+	"yirangmq/backends/postgres"
 	"yirangmq/backends/sqlite"
 	"yirangmq/queuecore"
 	"yirangmq/testenv"
+	"yirangmq/testenv/pgtest"
 )
 
 // stores are the stores every queuecore test runs on.
@@ -24,6 +30,41 @@ var stores = []struct {
 	{"fs", func(ctx context.Context, dir string, sync queuecore.SyncMode) (queuecore.Store, error) {
 		return fs.Open(ctx, dir, backends.Options{Sync: sync})
 	}},
+	{"postgres", func(ctx context.Context, dir string, sync queuecore.SyncMode) (queuecore.Store, error) {
+		if pg == nil {
+			return nil, errNoPostgres
+		}
+		// The same directory, the same schema: a reopen finds its data.
+		sum := sha256.Sum256([]byte(dir))
+		u, err := pg.SchemaURL(ctx, "queuecore", "q_"+hex.EncodeToString(sum[:10]))
+		if err != nil {
+			return nil, err
+		}
+		return postgres.Open(ctx, u, backends.Options{Sync: sync})
+	}},
+}
+
+// pg is the PostgreSQL server of the postgres store's runs (nil: none
+// here, and those runs are skipped, or fail when it is required).
+var (
+	pg            *pgtest.Server
+	errNoPostgres = errors.New("no PostgreSQL server")
+)
+
+func TestMain(m *testing.M) {
+	srv, stop, err := pgtest.StartMain()
+	switch {
+	case err == nil:
+		pg = srv
+	case errors.Is(err, pgtest.ErrNoPostgres) && os.Getenv(pgtest.EnvRequire) != "1":
+		fmt.Fprintln(os.Stderr, "queuecore tests: the postgres store's runs are skipped:", err)
+	default:
+		fmt.Fprintln(os.Stderr, "queuecore tests:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	stop()
+	os.Exit(code)
 }
 
 var t0 = time.Date(2026, 1, 13, 10, 0, 0, 0, time.UTC)
@@ -54,6 +95,9 @@ func eachStore(t *testing.T, f func(t *testing.T, e *env)) {
 	t.Helper()
 	for _, s := range stores {
 		t.Run(s.name, func(t *testing.T) {
+			if s.name == "postgres" && pg == nil {
+				t.Skip("no PostgreSQL server here")
+			}
 			e := &env{t: t, ctx: context.Background(), dir: t.TempDir(), open: s.open,
 				clock: testenv.NewFakeClock(t0), notes: &notes{ch: make(chan queuecore.Event, 1024)}}
 			e.start()
@@ -68,6 +112,13 @@ func (e *env) start() {
 	st, err := e.open(e.ctx, e.dir, queuecore.SyncNormal)
 	if err != nil {
 		e.t.Fatalf("open store: %v", err)
+	}
+	if ss, ok := st.(queuecore.SharedStore); ok {
+		// The timed work of a shared store waits for its duty.
+		if !testenv.RetryUntil(10*time.Second, ss.Duty) {
+			st.Close()
+			e.t.Fatal("the shared store's duty was not taken within 10 s")
+		}
 	}
 	c, err := queuecore.Open(e.ctx, st, queuecore.Options{Clock: e.clock, Notifier: e.notes})
 	if err != nil {

@@ -125,15 +125,27 @@ func (s *scheduler) work() time.Time {
 	if expired > 0 {
 		c.log.Debug("scheduler moved due messages", "count", expired)
 	}
-	if err := c.refreshCounts(ctx); err != nil { // shared store: retention by count needs fresh gauges
-		c.log.Error("scheduler: read counts", logErr, err)
+	// With a shared store, retention by count goes by the store's counts
+	// (other daemons archive too); the gauges are left to Stats, which
+	// refreshes them in step with the caller.
+	var shared map[string]map[State]Count
+	if c.shared != nil {
+		var err error
+		if shared, err = c.store.Counts(ctx); err != nil {
+			c.log.Error("scheduler: read counts", logErr, err)
+			return now.Add(time.Second)
+		}
 	}
 	for _, name := range c.QueueNames() {
 		q, err := c.queue(name)
 		if err != nil {
 			continue
 		}
-		t, held := s.retention(ctx, q, now)
+		archived := int64(-1)
+		if shared != nil {
+			archived = shared[name][StateArchived].N
+		}
+		t, held := s.retention(ctx, q, now, archived)
 		soonest(t)
 		busy = busy || held
 	}
@@ -234,12 +246,15 @@ func (s *scheduler) handleDue(ctx context.Context, due []Message, now time.Time)
 }
 
 // retention deletes archived and dead messages past their policy's
-// retention or count limit; it returns when the next one is due.
-func (s *scheduler) retention(ctx context.Context, q *queue, now time.Time) (next time.Time, held bool) {
+// retention or count limit; it returns when the next one is due. archived
+// is the queue's archive count, or -1 for its gauge.
+func (s *scheduler) retention(ctx context.Context, q *queue, now time.Time, archived int64) (next time.Time, held bool) {
 	c := s.c
 	q.mu.Lock()
 	p := q.policy
-	archived := q.gauges[StateArchived].N
+	if archived < 0 {
+		archived = q.gauges[StateArchived].N
+	}
 	q.mu.Unlock()
 	type rule struct {
 		state  State

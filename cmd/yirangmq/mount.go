@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -31,6 +32,7 @@ type mountFlags struct {
 	options                         []string
 	daemon, debug                   bool
 	entryTimeout                    time.Duration
+	cpuProfile                      string
 }
 
 func runMount(ctx context.Context, env *cliEnv, args []string) error {
@@ -40,8 +42,8 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 		fl.PrintDefaults()
 	}
 	var f mountFlags
-	fl.StringVar(&f.backend, "backend", "sqlite", "store backend: sqlite or fs")
-	fl.StringVar(&f.store, "store", defaultStore(), "store directory (created on first use)")
+	fl.StringVar(&f.backend, "backend", "sqlite", "store backend: sqlite, fs or postgres")
+	fl.StringVar(&f.store, "store", defaultStore(), "store directory (created on first use), or with --backend postgres a connection URL")
 	fl.StringVar(&f.sync, "sync", "full", "durability: full (on disk at close), normal (survives a daemon crash) or off")
 	fl.StringSliceVarP(&f.options, "options", "o", nil, "mount options: allow_other, backend=, sync=, store= (others of mount(8) are accepted and ignored)")
 	fl.BoolVar(&f.daemon, "daemon", false, "return once the mount is ready, leaving the daemon in the background")
@@ -49,6 +51,10 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	fl.StringVar(&f.logFile, "log-file", "", "append the log to this file instead of stderr (with --daemon: STORE/yirangmq.log by default)")
 	fl.BoolVar(&f.debug, "debug", false, "log every FUSE request")
 	fl.DurationVar(&f.entryTimeout, "cache-timeout", time.Second, "how long the kernel may cache names and attributes")
+	// For measuring the daemon: a CPU profile to FILE, and the
+	// allocations to FILE.allocs, written at unmount.
+	fl.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile to FILE (and allocations to FILE.allocs)")
+	_ = fl.MarkHidden("cpuprofile")
 	if ok, err := parseFlags(env, fl, args); !ok {
 		return err
 	}
@@ -85,7 +91,11 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	}
 	if f.daemon {
 		if f.logFile == "" {
-			f.logFile = filepath.Join(f.store, "yirangmq.log")
+			dir := f.store
+			if f.backend == "postgres" {
+				dir = defaultStore() // the store is no directory
+			}
+			f.logFile = filepath.Join(dir, "yirangmq.log")
 		}
 		return startDaemon(ctx, env, args, f.logFile)
 	}
@@ -105,6 +115,13 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	if err != nil {
 		return err
 	}
+	if f.cpuProfile != "" {
+		stop, err := startProfiles(f.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	aborted, err := recoverMountpoint(mountpoint, log)
 	if err != nil {
 		return err
@@ -121,10 +138,11 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	opts := fusefs.DefaultOptions()
 	opts.AllowOther, opts.Debug, opts.Logger = allowOther, f.debug, log
 	opts.EntryTimeout, opts.AttrTimeout = f.entryTimeout, f.entryTimeout
-	opts.FsName = f.store
+	shown := displayStore(f.backend, f.store)
+	opts.FsName = shown
 	fsys := fusefs.New(opts)
 	core, err := queuecore.Open(ctx, store, queuecore.Options{
-		Notifier: fsys, Logger: log, Backend: f.backend, StorePath: f.store, Version: version,
+		Notifier: fsys, Logger: log, Backend: f.backend, StorePath: shown, Version: version,
 	})
 	if err != nil {
 		return err
@@ -135,7 +153,7 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 		return err
 	}
 	defer fsys.Stop()
-	log.Info("mounted", "mountpoint", mountpoint, "backend", f.backend, "store", f.store, "sync", f.sync, "allow_other", allowOther, "pid", os.Getpid())
+	log.Info("mounted", "mountpoint", mountpoint, "backend", f.backend, "store", shown, "sync", f.sync, "allow_other", allowOther, "pid", os.Getpid())
 	signalReady()
 	// systemd (Type=notify): ready only once the mount serves.
 	if _, err := sdnotify.SdNotify(false, sdnotify.SdNotifyReady+"\nSTATUS=serving "+mountpoint); err != nil {
@@ -161,6 +179,27 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	}
 	log.Info("stopped", "mountpoint", mountpoint)
 	return nil
+}
+
+// startProfiles starts a CPU profile to path; stop ends it and writes the
+// allocation profile to path.allocs.
+func startProfiles(path string) (stop func(), err error) {
+	pf, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(pf); err != nil {
+		pf.Close()
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		pf.Close()
+		if af, err := os.Create(path + ".allocs"); err == nil {
+			_ = pprof.Lookup("allocs").WriteTo(af, 0)
+			af.Close()
+		}
+	}, nil
 }
 
 // signalReady tells whoever started us (--daemon's parent, the test

@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"yirangmq/backends"
 	"yirangmq/backends/fs"
+	"yirangmq/backends/postgres"
 	"yirangmq/backends/sqlite"
 	"yirangmq/queuecore"
 )
@@ -38,8 +41,44 @@ func openStore(ctx context.Context, backend, dir string, sync queuecore.SyncMode
 		return sqlite.Open(ctx, dir, opts)
 	case "fs":
 		return fs.Open(ctx, dir, opts)
+	case "postgres":
+		if !isPostgresURL(dir) {
+			return nil, fmt.Errorf("--backend postgres needs --store postgres://USER@HOST/DB (or a key=value connection string), not %q", dir)
+		}
+		return postgres.Open(ctx, dir, opts)
 	}
-	return nil, fmt.Errorf("unknown backend %q: use sqlite or fs", backend)
+	return nil, fmt.Errorf("unknown backend %q: use sqlite, fs or postgres", backend)
+}
+
+// isPostgresURL reports whether s looks like a PostgreSQL connection string.
+func isPostgresURL(s string) bool {
+	return strings.HasPrefix(s, "postgres://") || strings.HasPrefix(s, "postgresql://") || strings.Contains(s, "=")
+}
+
+// displayStore is the store as it may be shown in /proc/mounts, .stats and
+// logs: a connection string loses its password.
+func displayStore(backend, store string) string {
+	if backend != "postgres" {
+		return store
+	}
+	if u, err := url.Parse(store); err == nil && u.Scheme != "" {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+		}
+		q := u.Query()
+		if q.Has("password") {
+			q.Set("password", "xxxxx")
+			u.RawQuery = q.Encode()
+		}
+		return u.String()
+	}
+	fields := strings.Fields(store)
+	for i, f := range fields {
+		if k, _, ok := strings.Cut(f, "="); ok && k == "password" {
+			fields[i] = "password=xxxxx"
+		}
+	}
+	return strings.Join(fields, " ")
 }
 
 // newLogger makes the daemon's logger: text (default) or json on out.

@@ -36,6 +36,22 @@ type Options struct {
 	// KeepDir is where the history of a failed check is kept (default
 	// the temporary directory).
 	KeepDir string
+
+	// Store is the daemons' --store (default: a new directory). With a
+	// store several daemons share (postgres), Daemons mount it at once
+	// (default 1): producer i works on daemon i%Daemons and consumer i on
+	// daemon (i+1)%Daemons, so what one publishes the other consumes.
+	Store   string
+	Daemons int
+	// KillDutyHolder makes every kill hit the daemon that holds the
+	// store's duty (expiry, backoff, retention; see .stats), and waits
+	// for another to take it over (Result.Takeovers).
+	KillDutyHolder bool
+	// RestartStore, when set, is called DBRestarts times during the kill
+	// phase, between kills, to stop and start the shared store's server
+	// (every daemon counts as down meanwhile).
+	RestartStore func() error
+	DBRestarts   int
 }
 
 func (o *Options) defaults() {
@@ -68,6 +84,9 @@ func (o *Options) defaults() {
 	}
 	if o.Seed == 0 {
 		o.Seed = uint64(time.Now().UnixNano())
+	}
+	if o.Daemons <= 0 {
+		o.Daemons = 1
 	}
 }
 
@@ -117,6 +136,10 @@ type Result struct {
 	// KillPhase and Drain are how long the clients worked under kills,
 	// and how long the drain took.
 	KillPhase, Drain time.Duration
+	// Takeovers are how long the duty went unheld after each kill of its
+	// holder (KillDutyHolder); DBRestarts how many store restarts ran.
+	Takeovers  []time.Duration
+	DBRestarts int
 }
 
 // Run tortures one store through a real mount: it starts the daemon,
@@ -132,7 +155,11 @@ func Run(t *testing.T, opts Options) *Result {
 	began := time.Now()
 	t.Logf("torture %s --sync %s: %d kills, %d producers, %d consumers, seed %d",
 		opts.Backend, opts.Sync, opts.Kills, opts.Producers, opts.Consumers, opts.Seed)
-	d := testenv.StartDaemon(t, testenv.DaemonOptions{Backend: opts.Backend, Sync: opts.Sync})
+	daemons := make([]*testenv.Daemon, opts.Daemons)
+	for i := range daemons {
+		daemons[i] = testenv.StartDaemon(t, testenv.DaemonOptions{Backend: opts.Backend, Sync: opts.Sync, Store: opts.Store})
+	}
+	d := daemons[0]
 	qdir := d.Path(QueueName)
 	if err := os.Mkdir(qdir, 0o755); err != nil {
 		t.Fatalf("mkdir queue: %v", err)
@@ -140,9 +167,24 @@ func Run(t *testing.T, opts Options) *Result {
 	if err := writePolicy(filepath.Join(qdir, ".policy"), Policy); err != nil {
 		t.Fatalf("write policy: %v", err)
 	}
+	qdirs := make([]string, len(daemons))
+	for i, dd := range daemons {
+		qdirs[i] = dd.Path(QueueName)
+		if !testenv.RetryUntil(10*time.Second, func() bool {
+			b, err := os.ReadFile(filepath.Join(qdirs[i], ".policy"))
+			return err == nil && strings.Contains(string(b), `"visibilityTimeoutSec": 2`)
+		}) {
+			t.Fatalf("daemon %d does not see the queue and its policy", i)
+		}
+	}
 
 	h := NewHistory()
-	m := newMountState()
+	ms := make([]*mountState, len(daemons))
+	for i := range ms {
+		ms[i] = newMountState()
+		ms[i].quit = ms[0].quit
+	}
+	m := ms[0]
 	res := &Result{DaemonErrors: map[string]int{}}
 	rnd := rand.New(rand.NewPCG(opts.Seed, 0))
 
@@ -162,14 +204,17 @@ func Run(t *testing.T, opts Options) *Result {
 		select {
 		case <-done:
 		case <-time.After(time.Second):
-			m.down()
-			_, _, _ = sigkill(d.Pid(), d.Mountpoint, 2*time.Second)
-			d.Kill()
+			for i, dd := range daemons {
+				ms[i].down()
+				_, _, _ = sigkill(dd.Pid(), dd.Mountpoint, 2*time.Second)
+				dd.Kill()
+			}
 			<-done
 		}
 	}()
 	for i := 0; i < opts.Producers; i++ {
-		c := &client{name: fmt.Sprintf("p%d", i), queue: qdir, h: h, m: m}
+		k := i % len(daemons)
+		c := &client{name: fmt.Sprintf("p%d", i), queue: qdirs[k], h: h, m: ms[k]}
 		r := rand.New(rand.NewPCG(opts.Seed, uint64(100+i)))
 		producers.Add(1)
 		go func() {
@@ -178,7 +223,8 @@ func Run(t *testing.T, opts Options) *Result {
 		}()
 	}
 	for i := 0; i < opts.Consumers; i++ {
-		c := &client{name: fmt.Sprintf("c%d", i), queue: qdir, h: h, m: m}
+		k := (i + 1) % len(daemons)
+		c := &client{name: fmt.Sprintf("c%d", i), queue: qdirs[k], h: h, m: ms[k]}
 		r := rand.New(rand.NewPCG(opts.Seed, uint64(200+i)))
 		consumers.Add(1)
 		go func() {
@@ -187,8 +233,9 @@ func Run(t *testing.T, opts Options) *Result {
 		}()
 	}
 
-	killAndRestart := func() {
+	killAndRestart := func(i int, between func()) {
 		t.Helper()
+		d, m, qdir := daemons[i], ms[i], qdirs[i]
 		k := Event{Kind: KindKill, Client: "runner", Start: h.Now()}
 		m.down()
 		pid := d.Pid()
@@ -213,6 +260,7 @@ func Run(t *testing.T, opts Options) *Result {
 		if names, err := os.ReadDir(d.Mountpoint); err != nil || len(names) > 0 {
 			t.Fatalf("bare mountpoint after a kill: %v, %v", names, err)
 		}
+		between()
 		rs := Event{Kind: KindRestart, Client: "runner", Start: h.Now()}
 		t0 := time.Now()
 		d.Restart(t)
@@ -225,11 +273,74 @@ func Run(t *testing.T, opts Options) *Result {
 		m.up()
 	}
 
+	killAll := func() {
+		for i := range daemons {
+			killAndRestart(i, func() {})
+		}
+	}
+	// victim picks the daemon to kill: the duty holder when asked, then
+	// checks, once it is killed, that another takes the duty over.
+	victim := func() (int, func()) {
+		if !opts.KillDutyHolder || len(daemons) < 2 {
+			return rnd.IntN(len(daemons)), func() {}
+		}
+		holder := -1
+		testenv.RetryUntil(10*time.Second, func() bool {
+			holder = dutyHolder(daemons)
+			return holder >= 0
+		})
+		if holder < 0 {
+			t.Fatalf("no daemon holds the duty")
+		}
+		killed := time.Now()
+		return holder, func() {
+			others := append(append([]*testenv.Daemon(nil), daemons[:holder]...), daemons[holder+1:]...)
+			if !testenv.RetryUntil(20*time.Second, func() bool { return dutyHolder(others) >= 0 }) {
+				t.Fatalf("kill %d: no other daemon took the duty over within 20 s", len(res.Restarts))
+			}
+			res.Takeovers = append(res.Takeovers, time.Since(killed))
+		}
+	}
+	restartStore := func() {
+		t.Helper()
+		for _, m := range ms {
+			m.down()
+		}
+		ev := Event{Kind: KindKill, Client: "runner:store", Start: h.Now()}
+		if err := opts.RestartStore(); err != nil {
+			t.Fatalf("restart the store: %v", err)
+		}
+		ev.End, ev.Outcome = h.Now(), OK
+		h.Add(ev)
+		// The daemons reconnect by themselves: wait until each serves.
+		for i := range daemons {
+			if !testenv.RetryUntil(30*time.Second, func() bool {
+				_, err := os.ReadDir(filepath.Join(qdirs[i], StateInbox))
+				return err == nil
+			}) {
+				t.Fatalf("daemon %d did not work again within 30 s of the store's restart", i)
+			}
+		}
+		res.DBRestarts++
+		for _, m := range ms {
+			m.up()
+		}
+	}
+
 	// Kill at random moments while the clients work.
 	killStart := time.Now()
+	dbEvery := 0
+	if opts.RestartStore != nil && opts.DBRestarts > 0 {
+		dbEvery = max(1, opts.Kills/opts.DBRestarts)
+	}
 	for i := 0; i < opts.Kills && time.Since(killStart) < opts.Duration; i++ {
 		time.Sleep(opts.MinGap + time.Duration(rnd.Int64N(int64(opts.MaxGap-opts.MinGap)+1)))
-		killAndRestart()
+		if dbEvery > 0 && i%dbEvery == dbEvery-1 && res.DBRestarts < opts.DBRestarts {
+			restartStore()
+			continue
+		}
+		k, tookOver := victim()
+		killAndRestart(k, tookOver)
 	}
 	close(stopProducing)
 	producers.Wait()
@@ -239,7 +350,7 @@ func Run(t *testing.T, opts Options) *Result {
 	// releases the .next reads still blocked in the daemon.
 	draining.Store(true)
 	time.Sleep(opts.MinGap)
-	killAndRestart()
+	killAll()
 	drainStart := time.Now()
 	drainDone := make(chan struct{})
 	go func() {
@@ -255,7 +366,7 @@ func Run(t *testing.T, opts Options) *Result {
 		select {
 		case <-drainDone:
 		case <-time.After(2 * time.Second):
-			killAndRestart()
+			killAll()
 			<-drainDone
 		}
 	}
@@ -268,7 +379,7 @@ func Run(t *testing.T, opts Options) *Result {
 	}
 
 	// The last restart, then the final state as the mount shows it.
-	killAndRestart()
+	killAll()
 	final, err := readFinal(qdir)
 	if err != nil {
 		t.Fatalf("read the final state: %v", err)
@@ -497,4 +608,26 @@ func FormatUnexpected(u map[string]int) string {
 		parts = append(parts, fmt.Sprintf("%s ×%d", k, u[k]))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// dutyHolder returns the index of the one daemon whose .stats says it
+// holds the store's duty, or -1.
+func dutyHolder(ds []*testenv.Daemon) int {
+	holder := -1
+	for i, d := range ds {
+		data, err := os.ReadFile(d.Path(".stats"))
+		if err != nil {
+			continue
+		}
+		var s struct {
+			Duty *bool `json:"duty"`
+		}
+		if json.Unmarshal(data, &s) == nil && s.Duty != nil && *s.Duty {
+			if holder >= 0 {
+				return -1
+			}
+			holder = i
+		}
+	}
+	return holder
 }

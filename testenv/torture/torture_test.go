@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"yirangmq/testenv/pgtest"
 )
 
 // From the command line:
@@ -44,7 +46,11 @@ func TestMain(m *testing.M) {
 	cleanStaleRuns(base)
 	keepDir = base
 	dir := filepath.Join(base, strconv.Itoa(os.Getpid()))
-	if err := os.MkdirAll(dir, 0o700); err == nil {
+	// Traversable by others: the PostgreSQL server of the shared-store
+	// runs (pgtest) runs as the postgres user in a directory under it.
+	os.MkdirAll(dir, 0o711)
+	os.Chmod(base, 0o711)
+	if err := os.Chmod(dir, 0o711); err == nil {
 		os.Setenv("TMPDIR", dir)
 	} else {
 		fmt.Fprintf(os.Stderr, "torture: keeping TMPDIR: %v\n", err)
@@ -135,4 +141,71 @@ func restartStats(d []time.Duration) string {
 		worst = max(worst, x)
 	}
 	return "mean " + (sum / time.Duration(len(d))).Round(time.Millisecond).String() + ", worst " + worst.Round(time.Millisecond).String()
+}
+
+// TestKillNineTortureShared is issue 7's torture: two daemons mount one
+// PostgreSQL store, producers on one and consumers on the other (and the
+// other way round), while the daemon that holds the duty (lease expiry,
+// backoff, retention) is killed again and again: nothing committed may be
+// lost, and the other daemon must take the duty over every time.
+func TestKillNineTortureShared(t *testing.T) {
+	pg := pgtest.Start(t)
+	res := runShared(t, pg, Options{Kills: *flagKills, KillDutyHolder: true})
+	if len(res.Takeovers) != res.Report.Kills && len(res.Takeovers) < *flagKills {
+		t.Errorf("duty taken over %d times for %d kills of its holder", len(res.Takeovers), res.Report.Kills)
+	}
+	t.Logf("duty takeovers: %s", restartStats(res.Takeovers))
+}
+
+// TestStoreRestartUnderLoad restarts the PostgreSQL server under two
+// daemons in the middle of a load: the daemons reconnect by themselves and
+// nothing committed is lost.
+func TestStoreRestartUnderLoad(t *testing.T) {
+	pg := pgtest.Start(t)
+	res := runShared(t, pg, Options{Kills: 6, DBRestarts: 3, RestartStore: func() error {
+		if err := pg.Stop(); err != nil {
+			return err
+		}
+		time.Sleep(500 * time.Millisecond) // clients meet a dead database
+		return pg.Start()
+	}})
+	if res.DBRestarts != 3 {
+		t.Errorf("%d database restarts, want 3", res.DBRestarts)
+	}
+}
+
+func runShared(t *testing.T, pg *pgtest.Server, opts Options) *Result {
+	t.Helper()
+	opts.Backend, opts.Sync, opts.Daemons = "postgres", "full", 2
+	opts.Store = pg.CreateDB(t, "torture")
+	opts.KeepDir, opts.Producers, opts.Consumers, opts.Seed = keepDir, *flagProducers, *flagConsumers, *flagSeed
+	if *flagDuration > 0 && opts.RestartStore == nil {
+		opts.Kills, opts.Duration = 1<<30, *flagDuration
+		opts.DrainTimeout = max(30*time.Second, *flagDuration/3)
+	}
+	res := Run(t, opts)
+	r := res.Report
+	t.Logf("postgres, 2 daemons, in %v: %s", res.Runtime.Round(100*time.Millisecond), r.Summary())
+	t.Logf("kill phase %v, drain %v, restarts: %s, database restarts %d", res.KillPhase.Round(100*time.Millisecond),
+		res.Drain.Round(100*time.Millisecond), restartStats(res.Restarts), res.DBRestarts)
+	if len(res.Unexpected) > 0 {
+		t.Logf("errors from a live mount that are no refusal: %s", FormatUnexpected(res.Unexpected))
+	}
+	if res.Undrained > 0 {
+		t.Errorf("%d messages still live after the drain", res.Undrained)
+	}
+	if n := len(r.RenameAnomalies); n > 0 {
+		t.Errorf("%d leases granted by rename(2) to a message already leased; first: %s", n, r.RenameAnomalies[0])
+	}
+	for i, e := range r.Errors {
+		if i == 20 {
+			t.Errorf("… and %d more violations", len(r.Errors)-i)
+			break
+		}
+		t.Error(e)
+	}
+	if len(r.Lost) > 0 || len(r.BadBytes) > 0 {
+		t.Errorf("lost %d, wrong bytes %d", len(r.Lost), len(r.BadBytes))
+	}
+	return res
 }
