@@ -100,6 +100,10 @@ func next(d *testenv.Daemon, queue string, nonblock bool) (string, error) {
 	defer f.Close()
 	buf := make([]byte, 512)
 	n, err := syscall.Read(int(f.Fd()), buf)
+	for errors.Is(err, syscall.EINTR) {
+		// A signal (Go's own SIGURG) ended the wait; no lease was taken.
+		n, err = syscall.Read(int(f.Fd()), buf)
+	}
 	if errors.Is(err, syscall.EAGAIN) {
 		return "", nil
 	}
