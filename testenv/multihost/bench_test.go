@@ -141,4 +141,3 @@ func publishRaw(path string, body []byte) error {
 	}
 	return nil
 }
-
