@@ -72,13 +72,17 @@
 // a connection of its own. Every second, a Store that does not hold it
 // tries pg_try_advisory_lock; the holder runs SELECT 1, and when that
 // fails it drops the connection and Duty turns false at once. The server
-// releases the lock when the holder's session ends, however it ends (a
-// crashed host is noticed by the server's TCP keepalive); another Store
-// takes it within a second after. Two Stores may both believe they hold
-// it for at most the holder's check interval plus its check timeout, 4s,
-// when the holder is cut off from the server without a word: the timed
-// work must stay safe to do twice (it is: every change is checked by
-// revision).
+// releases the lock when the holder's session ends, however it ends: a
+// session of a crashed or cut-off host ends after 10 s without a query
+// (idle_session_timeout, PostgreSQL 14 and later; the holder queries every
+// second) or when TCP keepalive probes, set to 5 s idle, 2 s apart, 3
+// missed, find the peer gone; another Store takes it within a second
+// after. A holder cut off without a word stops within its check interval
+// plus its check timeout (4 s), before the server lets the lock go (10 s
+// at the earliest), so two Stores do not both do the timed work; should
+// they ever (a server that refuses the settings above, and a holder whose
+// checks still pass), it stays safe to do twice: every change is checked
+// by revision.
 //
 // # When the database is unreachable
 //

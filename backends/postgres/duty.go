@@ -14,6 +14,18 @@ const (
 	dutyCheckTimeout = 3 * time.Second
 )
 
+// dutySessionSettings bound how long the server keeps the lock of a
+// holder that vanished: 10 s without a query, or a dead TCP peer found by
+// keepalive probes after 5 s idle, 2 s apart, 3 missed. The holder stops
+// its duty after dutyInterval + dutyCheckTimeout (4 s) without an answer,
+// before the server lets another daemon take it.
+var dutySessionSettings = []string{
+	"SET idle_session_timeout = '10s'",
+	"SET tcp_keepalives_idle = 5",
+	"SET tcp_keepalives_interval = 2",
+	"SET tcp_keepalives_count = 3",
+}
+
 // Duty reports whether this store holds the database's duty lock.
 func (s *Store) Duty() bool { return s.duty.Load() }
 
@@ -55,6 +67,17 @@ func (s *Store) dutyStep(ctx context.Context, d *dutyState) {
 			}
 			d.failing = true
 			return
+		}
+		// A holder cut off from the server without a word (its host died,
+		// the network split) must not keep the lock until the server's
+		// TCP keepalive notices, hours later by default: the server ends
+		// a session that sends nothing for dutyIdleTimeout (the holder
+		// sends SELECT 1 every second), and probes its socket early.
+		// idle_session_timeout is PostgreSQL 14's; older servers skip it.
+		for _, set := range dutySessionSettings {
+			if _, err := c.Exec(ctx, set); err != nil {
+				s.log.Debug("duty: session setting refused", "setting", set, logErr, err)
+			}
 		}
 		d.c = c
 	}
