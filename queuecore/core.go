@@ -314,7 +314,11 @@ func (c *Core) DeleteQueue(ctx context.Context, name string, force bool) error {
 		return fmt.Errorf("queue %q: %w", name, ErrNotEmpty)
 	}
 	q.mu.Unlock()
-	if err := c.store.DeleteQueue(context.WithoutCancel(ctx), name); err != nil {
+	del := c.store.DeleteQueue
+	if c.shared != nil && !force {
+		del = c.shared.DeleteEmptyQueue // other daemons may publish into it meanwhile
+	}
+	if err := del(context.WithoutCancel(ctx), name); err != nil {
 		q.mu.Lock()
 		q.deleted = false
 		q.mu.Unlock()

@@ -48,6 +48,13 @@ type SharedStore interface {
 	// block for long.
 	Subscribe(fn func(Change))
 
+	// DeleteEmptyQueue removes a queue only if it holds no message, in
+	// one step against the publishes of other daemons: ErrNotEmpty when it
+	// holds one, ErrNotFound when there is no such queue. A publish racing
+	// it either lands first (ErrNotEmpty) or fails with ErrNotFound;
+	// never is a committed message deleted with the queue.
+	DeleteEmptyQueue(ctx context.Context, name string) error
+
 	// Duty reports whether this daemon now holds the store's timed work:
 	// lease expiry, the end of backoffs and delays, retention. At most one
 	// daemon of a store holds it at a time; when it dies another takes it

@@ -41,6 +41,7 @@ func RunShared(t *testing.T, open SharedOpener) {
 		{"LeaseNextOnce", testLeaseNextOnce},
 		{"Subscribe", testSubscribe},
 		{"Duty", testDuty},
+		{"DeleteEmptyQueue", testDeleteEmptyQueue},
 	}
 	for _, s := range suites {
 		t.Run(s.name, func(t *testing.T) { s.run(t, open) })
@@ -532,4 +533,49 @@ func testDuty(t *testing.T, open SharedOpener) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Logf("duty taken over %v after Close", time.Since(start).Round(time.Millisecond))
+}
+
+// testDeleteEmptyQueue: a queue goes only when empty, and a publish of
+// another instance racing the delete is either kept (the delete fails
+// with ErrNotEmpty) or refused (ErrNotFound): never deleted with the queue.
+func testDeleteEmptyQueue(t *testing.T, open SharedOpener) {
+	ctx := context.Background()
+	s1, s2 := openPair(t, open)
+	putQueues(t, s1, "a")
+	mustApply(t, s1, ins(msg(1, "a", "m1", ready)))
+	if err := s2.DeleteEmptyQueue(ctx, "a"); !errors.Is(err, queuecore.ErrNotEmpty) {
+		t.Fatalf("delete of a queue holding a message = %v, want ErrNotEmpty", err)
+	}
+	wantBody(t, s1, 1, body(1))
+	if err := s2.DeleteEmptyQueue(ctx, "nope"); !errors.Is(err, queuecore.ErrNotFound) {
+		t.Fatalf("delete of no queue = %v, want ErrNotFound", err)
+	}
+	cur := lookup(t, s1, "a", "m1", false)
+	mustApply(t, s1, queuecore.Op{Kind: queuecore.OpDelete, Msg: cur, From: cur.State})
+	if err := s2.DeleteEmptyQueue(ctx, "a"); err != nil {
+		t.Fatalf("delete of an empty queue: %v", err)
+	}
+
+	// The race, many times: s1 publishes while s2 deletes.
+	for round := 0; round < 20; round++ {
+		q := fmt.Sprintf("r%d", round)
+		putQueues(t, s1, q)
+		id := uint64(100 + round)
+		pub := make(chan error, 1)
+		go func() { pub <- s1.Apply(ctx, []queuecore.Op{ins(msg(id, q, "x", ready))}) }()
+		derr := s2.DeleteEmptyQueue(ctx, q)
+		perr := <-pub
+		switch {
+		case perr == nil && derr == nil:
+			t.Fatalf("round %d: the publish committed and the queue was deleted: a committed message lost", round)
+		case perr == nil && !errors.Is(derr, queuecore.ErrNotEmpty):
+			t.Fatalf("round %d: publish committed, delete = %v, want ErrNotEmpty", round, derr)
+		case perr == nil:
+			wantBody(t, s2, id, body(id))
+		case !errors.Is(perr, queuecore.ErrNotFound):
+			t.Fatalf("round %d: publish = %v, want nil or ErrNotFound", round, perr)
+		case derr != nil:
+			t.Fatalf("round %d: publish refused (%v) and delete failed (%v)", round, perr, derr)
+		}
+	}
 }

@@ -247,6 +247,46 @@ func (s *Store) DeleteQueue(ctx context.Context, name string) error {
 	return nil
 }
 
+// DeleteEmptyQueue removes a queue that holds no message. The queue's row
+// is locked first (FOR UPDATE, which waits for, and then blocks, the
+// inserts of other daemons: their foreign key check takes a KEY SHARE
+// lock on it), then the emptiness check runs on a snapshot taken after
+// that lock: a publish committed before it is seen (ErrNotEmpty), one
+// after it finds the queue gone (ErrNotFound).
+func (s *Store) DeleteEmptyQueue(ctx context.Context, name string) error {
+	done, err := s.enter()
+	if err != nil {
+		return fmt.Errorf("delete queue %q: %w", name, err)
+	}
+	defer done()
+	ctx, cancel := writeCtx(ctx)
+	defer cancel()
+	payload := s.payload([]queuecore.Change{{Queue: name}})
+	err = retry(func() error {
+		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			var one int
+			if err := tx.QueryRow(ctx, `SELECT 1 FROM yirangmq_queues WHERE name = $1 FOR UPDATE`, name).Scan(&one); errors.Is(err, pgx.ErrNoRows) {
+				return queuecore.ErrNotFound
+			} else if err != nil {
+				return err
+			}
+			var busy bool
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM yirangmq_messages WHERE queue = $1)`, name).Scan(&busy); err != nil {
+				return err
+			}
+			if busy {
+				return queuecore.ErrNotEmpty
+			}
+			_, err := tx.Exec(ctx, sqlDeleteQueue, name, s.channel, payload)
+			return err
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("delete queue %q: %w", name, err)
+	}
+	return nil
+}
+
 // ReserveIDs returns the first of n consecutive IDs that no other Store on
 // this database will hand out, and that are above every ID in the table.
 // It is one UPDATE of one row: concurrent calls queue on its lock.
