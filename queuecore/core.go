@@ -449,7 +449,7 @@ type queue struct {
 
 	dedup map[string]time.Time // dedup key → commit time
 
-	leases map[string]Message // lease cache: see noteLease
+	names nameCache // what this core knows of its live names: see namecache.go
 
 	counters counters
 	rates    rates
@@ -466,7 +466,6 @@ func newQueue(info QueueInfo, p Policy) *queue {
 		claims:  map[claimKey]chan struct{}{},
 		readyCh: make(chan struct{}),
 		dedup:   map[string]time.Time{},
-		leases:  map[string]Message{},
 	}
 }
 

@@ -38,7 +38,13 @@ func policyOf(q *queue) Policy {
 
 // lookup finds the message called name in one state of q.
 func (c *Core) lookup(ctx context.Context, q *queue, s State, name string) (Message, error) {
-	m, err := c.store.Lookup(ctx, q.name, name, s == StateArchived)
+	var m Message
+	var err error
+	if s == StateArchived {
+		m, err = c.store.Lookup(ctx, q.name, name, true)
+	} else {
+		m, err = c.lookupLive(ctx, q, name)
+	}
 	if errors.Is(err, ErrNotFound) || err == nil && m.State != s {
 		return Message{}, errNoMessage(q.name, s, name)
 	}
@@ -296,14 +302,9 @@ func (c *Core) single(ctx context.Context, queueName, name string, from State, a
 	}
 	var b batch
 	defer c.finish(claims, &b)
-	m, cached := Message{}, false
-	if from == StateLeased && c.shared == nil {
-		m, cached = q.cachedLease(name)
-	}
-	if !cached {
-		if m, err = c.lookup(ctx, q, from, name); err != nil {
-			return Message{}, err
-		}
+	m, err := c.lookup(ctx, q, from, name)
+	if err != nil {
+		return Message{}, err
 	}
 	p := policyOf(q)
 	if err := change(q, m, &p, c.now(), &b); err != nil {
@@ -818,10 +819,16 @@ func (c *Core) Position(ctx context.Context, m Message) (pos int, eta time.Durat
 // archived the archived one. The filesystem uses it to follow a message
 // that moved while the kernel held on to its inode.
 func (c *Core) Find(ctx context.Context, queueName, name string, archived bool) (Message, error) {
-	if _, err := c.queue(queueName); err != nil {
+	q, err := c.queue(queueName)
+	if err != nil {
 		return Message{}, err
 	}
-	m, err := c.store.Lookup(ctx, queueName, name, archived)
+	var m Message
+	if archived {
+		m, err = c.store.Lookup(ctx, queueName, name, true)
+	} else {
+		m, err = c.lookupLive(ctx, q, name)
+	}
 	if errors.Is(err, ErrNotFound) {
 		return Message{}, fmt.Errorf("%s/%s: %w", queueName, name, ErrNotFound)
 	}
@@ -849,7 +856,7 @@ func (c *Core) CheckPublish(ctx context.Context, queueName, name string) error {
 	if claimed {
 		return nil // under way: the publish will tell
 	}
-	if _, err := c.store.Lookup(ctx, queueName, name, false); err == nil {
+	if _, err := c.lookupLive(ctx, q, name); err == nil {
 		return fmt.Errorf("%s/%s: %w", queueName, name, ErrExists)
 	} else if !errors.Is(err, ErrNotFound) {
 		return err

@@ -75,7 +75,7 @@ type batch struct {
 	deadline  time.Time // earliest lease deadline or due time set; zero if none
 	kick      bool      // the scheduler must look again (retention)
 	committed bool      // the store has it; its events may be announced
-	touched   []touch   // live names written, for the lease cache
+	touched   []touch   // live names written, for the name cache
 }
 
 // touch is one live name a batch wrote: its new metadata, or gone.
@@ -106,6 +106,7 @@ type gaugeDelta struct {
 
 func (b *batch) insert(q *queue, m Message, body []byte, byDaemon bool) {
 	b.ops = append(b.ops, Op{Kind: OpInsert, Msg: m, Body: body})
+	b.touched = append(b.touched, touch{q: q, m: m})
 	b.deltas = append(b.deltas, gaugeDelta{q: q, s: m.State, n: 1, sz: m.Size})
 	b.events = append(b.events, Event{Queue: m.Queue, Name: m.Name, To: m.State, ByDaemon: b.byDaemon || byDaemon})
 	b.noteDeadline(m)
@@ -172,7 +173,7 @@ func (c *Core) applied(b *batch) {
 	}
 	if c.shared == nil {
 		for _, t := range b.touched {
-			t.q.noteLease(t.m, t.gone)
+			t.q.names.wrote(t.m, t.gone)
 		}
 	}
 	for _, f := range b.counts {
@@ -184,38 +185,6 @@ func (c *Core) applied(b *batch) {
 	} else if !b.deadline.IsZero() {
 		c.sched.wakeBy(b.deadline)
 	}
-}
-
-// leaseCacheMax bounds the lease cache of one queue.
-const leaseCacheMax = 16384
-
-// noteLease keeps the lease cache true after a commit that wrote m (or
-// removed it, gone): the cache holds the metadata of messages this core
-// leased, so that an ack, nack or touch of them needs no store read. Every
-// change of a live name goes through a commit of this core under the
-// name's claim, so the cache cannot go stale; a store that other daemons
-// share is not cached at all.
-func (q *queue) noteLease(m Message, gone bool) {
-	if m.State == StateArchived {
-		return
-	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if gone || m.State != StateLeased {
-		delete(q.leases, m.Name)
-		return
-	}
-	if _, ok := q.leases[m.Name]; ok || len(q.leases) < leaseCacheMax {
-		q.leases[m.Name] = m
-	}
-}
-
-// cachedLease returns the cached metadata of the leased message name.
-func (q *queue) cachedLease(name string) (Message, bool) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	m, ok := q.leases[name]
-	return m, ok
 }
 
 // archiveSlack is how far the archive may grow past its maxMessages before
