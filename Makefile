@@ -8,7 +8,7 @@ export CGO_ENABLED := 1
 # A go.work in a parent directory must not change what this module builds.
 export GOWORK := off
 
-.PHONY: all build test fuzz demo bench torture mount-bench lint install docs clean
+.PHONY: all build test fuzz demo bench bench-go torture mount-bench lint install docs clean
 
 all: build
 
@@ -34,10 +34,21 @@ fuzz:
 demo: build
 	BIN=$(BIN) scripts/demo.sh
 
-# Benchmarks of the queue core on both stores, against a goqite-style
+# The benchmark suite (docs/bench.md), as root: yirangmq through the mount
+# and in process against a plain directory (with and without fsync), a
+# go-fuse loopback mount, a goqite-style SQLite queue and POSIX message
+# queues, in one run. Prints the tables and the goals; writes
+# results/bench-<time>.{json,png} and results/bench-latest.{json,png}.
+# About 6 minutes; BENCH_QUICK=1 about 1.5; BENCH_MILLION=1 fills 1,000,000
+# ready messages for the scale run (about 45 s more).
+BENCH_FLAGS = $(if $(filter 1,$(BENCH_QUICK)),--quick) $(if $(filter 1,$(BENCH_MILLION)),--million)
+bench: build
+	$(GO) run ./testenv/mountbench suite --bin $(BIN) $(BENCH_FLAGS)
+
+# Go benchmarks of the queue core on both stores, against a goqite-style
 # baseline, in one run. BENCHTIME=2s for steadier figures.
 BENCHTIME ?= 1s
-bench:
+bench-go:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) -timeout 60m ./queuecore/ ./backends/...
 
 # The kill -9 torture through the mount and the power-cut run, per store,

@@ -200,7 +200,7 @@ func detachDeadBenchMounts() {
 	}
 	for _, line := range strings.Split(string(b), "\n") {
 		f := strings.Fields(line)
-		if len(f) < 3 || f[2] != "fuse.yirangmq" || !strings.Contains(f[1], "/"+workPrefix) {
+		if len(f) < 3 || (f[2] != "fuse.yirangmq" && f[2] != "fuse."+loopbackFSName) || !strings.Contains(f[1], "/"+workPrefix) {
 			continue
 		}
 		mp := strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(f[1])

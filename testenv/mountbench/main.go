@@ -15,6 +15,11 @@
 // with SIGKILL they get SIGTERM (Pdeathsig) and unmount by themselves, and
 // a dead mount left by a crash is detached at the next run. See
 // docs/mount-bench.md for what the numbers mean.
+//
+// `mountbench suite` is the comparison suite behind `make bench`
+// (suite.go, docs/bench.md): the same operations on yirangmq through the
+// mount and in process, a plain directory, a go-fuse loopback mount, a
+// goqite-style SQLite queue and POSIX message queues, in one run.
 package main
 
 import (
@@ -58,6 +63,14 @@ type config struct {
 }
 
 func main() {
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "suite":
+			os.Exit(suiteMain(os.Args[2:]))
+		case "report":
+			os.Exit(reportMain(os.Args[2:]))
+		}
+	}
 	var cfg config
 	fl := pflag.NewFlagSet("mountbench", pflag.ContinueOnError)
 	fl.Usage = func() {

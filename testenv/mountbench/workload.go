@@ -25,18 +25,23 @@ type queueDirs struct {
 	// fsync of each directory changed. Never set for a mount (the
 	// daemon's --sync does that).
 	durable bool
+	// tmp, when set (with durable), makes a publish what a careful Maildir
+	// writer does: create and write tmp/NAME, fsync it, rename it into
+	// inbox/, fsync inbox/.
+	tmp string
 }
 
 // opKind is one of the three message operations.
 type opKind int
 
 const (
-	opPublish opKind = iota // create+write+close inbox/NAME
-	opLease                 // rename inbox/NAME → processing/NAME
-	opAck                   // unlink processing/NAME
+	opPublish   opKind = iota // create+write+close inbox/NAME
+	opLease                   // rename inbox/NAME → processing/NAME
+	opAck                     // unlink processing/NAME
+	opRoundTrip               // publish, lease and ack of one message, in a row
 )
 
-func (k opKind) String() string { return [...]string{"publish", "lease", "ack"}[k] }
+func (k opKind) String() string { return [...]string{"publish", "lease", "ack", "roundtrip"}[k] }
 
 // latencies collects one duration per operation.
 type latencies []time.Duration
@@ -136,17 +141,13 @@ func runClient(ctx context.Context, q queueDirs, op opKind, pass string, c, coun
 		t0 := time.Now()
 		var err error
 		switch op {
-		case opPublish:
-			err = publish(filepath.Join(q.inbox, name), body, q.durable, inboxFD)
-		case opLease:
-			err = unix.Rename(filepath.Join(q.inbox, name), filepath.Join(q.processing, name))
-			if err == nil && q.durable {
-				err = errors.Join(unix.Fsync(procFD), unix.Fsync(inboxFD))
-			}
-		case opAck:
-			err = unix.Unlink(filepath.Join(q.processing, name))
-			if err == nil && q.durable {
-				err = unix.Fsync(procFD)
+		case opPublish, opLease, opAck:
+			err = q.do(op, name, body, inboxFD, procFD)
+		case opRoundTrip:
+			for _, o := range []opKind{opPublish, opLease, opAck} {
+				if err = q.do(o, name, body, inboxFD, procFD); err != nil {
+					break
+				}
 			}
 		}
 		lat = append(lat, time.Since(t0))
@@ -155,6 +156,56 @@ func runClient(ctx context.Context, q queueDirs, op opKind, pass string, c, coun
 		}
 	}
 	return lat, nil
+}
+
+// do runs one of the three operations on message name.
+func (q queueDirs) do(op opKind, name string, body []byte, inboxFD, procFD int) error {
+	switch op {
+	case opPublish:
+		if q.tmp != "" {
+			return publishMaildir(filepath.Join(q.tmp, name), filepath.Join(q.inbox, name), body, inboxFD)
+		}
+		return publish(filepath.Join(q.inbox, name), body, q.durable, inboxFD)
+	case opLease:
+		err := unix.Rename(filepath.Join(q.inbox, name), filepath.Join(q.processing, name))
+		if err == nil && q.durable {
+			err = errors.Join(unix.Fsync(procFD), unix.Fsync(inboxFD))
+		}
+		return err
+	case opAck:
+		err := unix.Unlink(filepath.Join(q.processing, name))
+		if err == nil && q.durable {
+			err = unix.Fsync(procFD)
+		}
+		return err
+	}
+	return fmt.Errorf("no single operation %s", op)
+}
+
+// publishMaildir is the careful Maildir delivery: write the message
+// under tmp/, fsync it, rename it into place, fsync the directory.
+func publishMaildir(tmpPath, path string, body []byte, dirFD int) error {
+	fd, err := unix.Open(tmpPath, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		return err
+	}
+	n, err := unix.Write(fd, body)
+	if err == nil && n != len(body) {
+		err = fmt.Errorf("short write: %d of %d bytes", n, len(body))
+	}
+	if err == nil {
+		err = unix.Fsync(fd)
+	}
+	if cerr := unix.Close(fd); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = unix.Rename(tmpPath, path)
+	}
+	if err == nil {
+		err = unix.Fsync(dirFD)
+	}
+	return err
 }
 
 // publish is what a C producer does: open(O_CREAT|O_EXCL), one write,

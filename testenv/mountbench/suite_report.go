@@ -1,0 +1,241 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// report prints the suite's tables in Markdown.
+func (r *suiteResults) report(w io.Writer) {
+	fmt.Fprintf(w, "\n# yirangmq benchmark suite (%s mode, %d-byte messages; %s; kernel %s, %d CPUs; %s)\n",
+		r.Mode, r.MessageBytes, r.Filesystem, r.Kernel, r.CPUs, r.Started)
+
+	fmt.Fprintln(w, "\n## Throughput, messages per second")
+	fmt.Fprintln(w, "\n| system | clients | publish | lease | ack | round trip | round trip p50 µs | CPU s per 10k round trips |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
+	for _, c := range r.clientCounts() {
+		for _, sys := range r.systemOrder() {
+			cells := make([]string, len(suiteOps))
+			any := false
+			for i, op := range suiteOps {
+				cells[i] = "—"
+				if x, ok := r.findRow(sys, op, c); ok {
+					cells[i] = fmt.Sprintf("%.0f", x.OpsPerSec)
+					any = true
+				}
+			}
+			if !any {
+				continue
+			}
+			rt, _ := r.findRow(sys, "roundtrip", c)
+			fmt.Fprintf(w, "| %s | %d | %s | %.0f | %s |\n", sys, c, strings.Join(cells, " | "), rt.P50US, cpuCell(rt.CPUSecPer10k))
+		}
+	}
+
+	fmt.Fprintln(w, "\n## Every operation, with its ratios")
+	fmt.Fprintln(w, "\n× plain: times the plain directory's time for the same operation (plain ops/s ÷ ops/s; below 1 is faster); × plain+fsync: the same against the Maildir-careful directory; × floor: the operation's time ÷ (FUSE request floor × requests per operation through a mount).")
+	fmt.Fprintln(w, "\n| op | clients | system | ops/s | p50 µs | p99 µs | CPU s/10k | × plain | × plain+fsync | FUSE req/op | fsync/op | × floor | others' CPU |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	for _, op := range suiteOps {
+		for _, c := range r.clientCounts() {
+			for _, sys := range r.systemOrder() {
+				x, ok := r.findRow(sys, op, c)
+				if !ok {
+					continue
+				}
+				fmt.Fprintf(w, "| %s | %d | %s | %.0f | %.1f | %.1f | %s | %s | %s | %s | %s | %s | %.0f%% |\n",
+					op, c, sys, x.OpsPerSec, x.P50US, x.P99US, cpuCell(x.CPUSecPer10k), ratioCell(x.XPlain), ratioCell(x.XPlainFsync),
+					num(x.RequestsPerOp), num(x.FsyncsPerOp), ratioCell(x.XFloor), 100*x.OthersShare)
+			}
+		}
+	}
+
+	if len(r.Interleaved) > 0 {
+		sn, inproc := sysMount("sqlite", "normal"), sysInproc("sqlite", "normal")
+		fmt.Fprintln(w, "\n## The goals' systems again, taking turns (ops/s; the goals' ratios)")
+		fmt.Fprintf(w, "\n| op | clients | %s | %s | %s | %s | mount ÷ loopback | mount ÷ goqite | queuecore ÷ goqite |\n", sysLoopback, sn, sysGoqite, inproc)
+		fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|")
+		for _, op := range suiteOps {
+			for _, c := range r.clientCounts() {
+				l, _ := findIn(r.Interleaved, sysLoopback, op, c)
+				m, _ := findIn(r.Interleaved, sn, op, c)
+				g, _ := findIn(r.Interleaved, sysGoqite, op, c)
+				q, _ := findIn(r.Interleaved, inproc, op, c)
+				div := func(a, b row) string {
+					if b.OpsPerSec <= 0 || a.OpsPerSec <= 0 {
+						return "—"
+					}
+					return fmt.Sprintf("%.2f", a.OpsPerSec/b.OpsPerSec)
+				}
+				fmt.Fprintf(w, "| %s | %d | %.0f | %.0f | %.0f | %.0f | %s | %s | %s |\n", op, c, l.OpsPerSec, m.OpsPerSec, g.OpsPerSec, q.OpsPerSec,
+					div(m, l), div(m, g), div(q, g))
+			}
+		}
+	}
+	if len(r.Wake) > 0 {
+		fmt.Fprintln(w, "\n## Wake-up of a blocked consumer (from before the publish to the consumer's return)")
+		fmt.Fprintln(w, "\n| system | how | samples | p50 µs | p99 µs | × plain (inotify) p50 | critical-path FUSE requests | × floor p50 |")
+		fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
+		for _, x := range r.Wake {
+			fmt.Fprintf(w, "| %s | %s | %d | %.0f | %.0f | %s | %s | %s |\n", x.System, x.How, x.Samples, x.P50US, x.P99US,
+				ratioCell(x.XPlain), dash(x.CriticalRequests), ratioCell(x.XFloor))
+		}
+	}
+	if len(r.Expiry) > 0 {
+		fmt.Fprintln(w, "\n## Lease-expiry redelivery (visibility timeout 1 s, no backoff; from the lease deadline to `.next` returning the message)")
+		fmt.Fprintln(w, "\n| system | samples | min ms | p50 ms | max ms |")
+		fmt.Fprintln(w, "|---|---|---|---|---|")
+		for _, x := range r.Expiry {
+			fmt.Fprintf(w, "| %s | %d | %.1f | %.1f | %.1f |\n", x.System, x.Samples, x.MinMS, x.P50MS, x.MaxMS)
+		}
+	}
+	if len(r.Resources) > 0 {
+		fmt.Fprintln(w, "\n## Daemons: memory and idle cost")
+		fmt.Fprintln(w, "\n| daemon | RSS after mount MiB | RSS after the idle window MiB | idle window s | idle CPU ms/s | idle wakeups/s | CPU s per 10k round trips, by clients |")
+		fmt.Fprintln(w, "|---|---|---|---|---|---|---|")
+		for _, x := range r.Resources {
+			var cpu []string
+			for _, c := range r.clientCounts() {
+				if rt, ok := r.findRow(x.System, "roundtrip", c); ok {
+					cpu = append(cpu, fmt.Sprintf("%d: %s", c, cpuCell(rt.CPUSecPer10k)))
+				}
+			}
+			fmt.Fprintf(w, "| %s | %.1f | %.1f | %.0f | %.2f | %.2f | %s |\n", x.System, x.RSSIdleMiB, x.RSSEndMiB, x.IdleSeconds,
+				x.IdleCPUMSPerS, x.WakeupsPerSec, strings.Join(cpu, ", "))
+		}
+	}
+	if c := r.Churn; c != nil {
+		fmt.Fprintf(w, "\n%s after %d messages published and consumed (round trips, %d clients): RSS %.1f MiB (%.1f before); %.0f round trips/s, %s CPU s per 10k.\n",
+			c.System, c.Messages, c.Clients, c.RSSAfterMiB, c.RSSBeforeMiB, c.OpsPerSec, cpuCell(c.CPUSecPer10k))
+	}
+	if s := r.Scale; s != nil {
+		fmt.Fprintf(w, "\n%s with %d ready messages (%s, %.1f s; mount ready in %.2f s): RSS %.1f MiB after mount, %.1f MiB after the round trips; round trips through the mount, 1 client, %d per queue alternated: %.0f/s with the queue full, %.0f/s on an empty queue of the same daemon: %.2f×.\n",
+			s.System, s.Ready, s.How, s.FillSeconds, s.MountSeconds, s.RSSMiB, s.RSSAfterMiB, s.RoundTrips, s.FullRTPerS, s.EmptyRTPerS, s.Ratio)
+	}
+
+	fmt.Fprintln(w, "\n## FUSE request floor (fstat on a --cache-timeout 0s mount, 1 GETATTR)")
+	fmt.Fprintln(w, "\n| probed before | clients | µs/request (wall ÷ requests) | p50 µs |")
+	fmt.Fprintln(w, "|---|---|---|---|")
+	for _, f := range r.Floor {
+		fmt.Fprintf(w, "| %s | %d | %.1f | %.1f |\n", f.Before, f.Clients, f.USPerRequest, f.P50US)
+	}
+
+	fmt.Fprintln(w, "\n## Goals")
+	r.reportGoals(w)
+	fmt.Fprintf(w, "\nRun: %.0f s, load average before %s, after %s. FUSE requests counted by %s.\n", r.Seconds, r.LoadBefore, r.LoadAfter, r.CountSource)
+}
+
+func (r *suiteResults) reportGoals(w io.Writer) {
+	fmt.Fprintln(w, "\n| goal | measured | target | met |")
+	fmt.Fprintln(w, "|---|---|---|---|")
+	for _, g := range r.Goals {
+		cmp := map[string]string{">=": "≥", "<": "<"}[g.Cmp]
+		val, met := fmt.Sprintf("%.2f %s", g.Value, g.Unit), "not met"
+		switch {
+		case g.Missing:
+			val, met = "not measured", "—"
+		case g.Met:
+			met = "met"
+		}
+		name := g.Name
+		if g.Note != "" {
+			name += " (" + g.Note + ")"
+		}
+		fmt.Fprintf(w, "| %s | %s | %s %g %s | %s |\n", name, val, cmp, g.Target, g.Unit, met)
+	}
+}
+
+func cpuCell(f float64) string {
+	if f <= 0 {
+		return "—"
+	}
+	if f < 0.1 {
+		return fmt.Sprintf("%.3f", f)
+	}
+	return fmt.Sprintf("%.2f", f)
+}
+
+func ratioCell(f float64) string {
+	switch {
+	case f <= 0:
+		return "—"
+	case f < 0.01:
+		return fmt.Sprintf("%.4f", f)
+	case f < 0.1:
+		return fmt.Sprintf("%.3f", f)
+	}
+	return fmt.Sprintf("%.2f", f)
+}
+
+func dash(f float64) string {
+	if f <= 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f", f)
+}
+
+// reportMain prints the tables of a suite's JSON again and redraws its
+// chart: mountbench report RESULTS.json [CHART.png].
+func reportMain(args []string) int {
+	if len(args) < 1 || len(args) > 2 {
+		fmt.Fprintln(os.Stderr, "usage: go run ./testenv/mountbench report RESULTS.json [CHART.png]")
+		return 2
+	}
+	data, err := os.ReadFile(args[0])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	var r suiteResults
+	if err := json.Unmarshal(data, &r); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", args[0], err)
+		return 1
+	}
+	r.report(os.Stdout)
+	if len(args) == 2 {
+		png, err := r.chartPNG()
+		if err == nil {
+			err = os.WriteFile(args[1], png, 0o644)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "chart:", err)
+			return 1
+		}
+	}
+	return 0
+}
+
+// writeFiles writes the JSON and the chart: bench-STAMP.{json,png} and
+// bench-latest.{json,png} in dir. It returns the paths written.
+func (r *suiteResults) writeFiles(dir, stamp string) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	data, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	data = append(data, '\n')
+	png, err := r.chartPNG()
+	if err != nil {
+		return nil, fmt.Errorf("chart: %w", err)
+	}
+	var written []string
+	for _, name := range []string{"bench-" + stamp, "bench-latest"} {
+		for _, f := range []struct {
+			ext  string
+			data []byte
+		}{{".json", data}, {".png", png}} {
+			p := filepath.Join(dir, name+f.ext)
+			if err := os.WriteFile(p, f.data, 0o644); err != nil {
+				return written, err
+			}
+			written = append(written, p)
+		}
+	}
+	return written, nil
+}

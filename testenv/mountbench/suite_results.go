@@ -1,0 +1,447 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+)
+
+// The suite's results, the ratios between them and the goals, kept free
+// of measuring so that suite_test.go can check them on made-up figures.
+
+// System names, as the tables and the chart show them.
+const (
+	sysPlain      = "plain dir"
+	sysPlainFsync = "plain dir + fsync"
+	sysLoopback   = "go-fuse loopback"
+	sysGoqite     = "goqite-style"
+	sysMQueue     = "POSIX mqueue"
+)
+
+func sysMount(store, sync string) string  { return "mount " + store + "/" + sync }
+func sysInproc(store, sync string) string { return "queuecore " + store + "/" + sync }
+
+// Operations, in table order.
+var suiteOps = []string{"publish", "lease", "ack", "roundtrip"}
+
+// suiteResults is what a run writes as JSON (results/bench-*.json).
+type suiteResults struct {
+	Started      string  `json:"started"`
+	Seconds      float64 `json:"seconds"`
+	Mode         string  `json:"mode"` // full or quick
+	Million      bool    `json:"million"`
+	Kernel       string  `json:"kernel"`
+	CPUs         int     `json:"cpus"`
+	GoVersion    string  `json:"go"`
+	Filesystem   string  `json:"filesystem"`
+	Workdir      string  `json:"workdir"`
+	LoadBefore   string  `json:"loadavg_before"`
+	LoadAfter    string  `json:"loadavg_after"`
+	MessageBytes int     `json:"message_bytes"`
+	CacheTimeout string  `json:"cache_timeout"`
+	CountSource  string  `json:"requests_counted_by"`
+
+	Floor []floorProbe `json:"floor"`
+	Rows  []row        `json:"rows"`
+	// Interleaved are the goals' systems measured again taking turns
+	// (suite_interleaved.go); the goals' ratios use them when present.
+	Interleaved []row         `json:"interleaved"`
+	Wake        []wakeRow     `json:"wakeup"`
+	Expiry      []expiryRow   `json:"expiry"`
+	Resources   []resourceRow `json:"resources"`
+	Churn       *churnResult  `json:"churn,omitempty"`
+	Scale       *scaleResult  `json:"scale,omitempty"`
+	Goals       []goal        `json:"goals"`
+	Notes       []string      `json:"notes"`
+}
+
+// floorProbe is the FUSE request floor measured before a system ran:
+// fstat(2) on a --cache-timeout 0s mount, one GETATTR per call.
+type floorProbe struct {
+	Before       string  `json:"before"`
+	Clients      int     `json:"clients"`
+	USPerRequest float64 `json:"us_per_request"` // wall ÷ requests
+	P50US        float64 `json:"p50_us_per_request"`
+}
+
+// row is one operation of one system at one client count.
+type row struct {
+	System        string             `json:"system"`
+	Op            string             `json:"op"` // publish, lease, ack, roundtrip
+	Clients       int                `json:"clients"`
+	Ops           int                `json:"ops"`
+	Seconds       float64            `json:"seconds"`
+	OpsPerSec     float64            `json:"ops_per_sec"`
+	P50US         float64            `json:"p50_us"`
+	P99US         float64            `json:"p99_us"`
+	ClientCPUUS   float64            `json:"client_cpu_us_per_op"`
+	DaemonCPUUS   float64            `json:"daemon_cpu_us_per_op"`
+	CPUSecPer10k  float64            `json:"cpu_s_per_10k"`        // (client + daemon) CPU seconds per 10,000 operations
+	RequestsPerOp float64            `json:"fuse_requests_per_op"` // -1: not a mount, or not counted
+	Requests      map[string]float64 `json:"fuse_requests_by_opcode_per_op,omitempty"`
+	FsyncsPerOp   float64            `json:"fsyncs_per_op"` // on the store's files; -1: not counted
+	OthersShare   float64            `json:"others_cpu_share"`
+
+	// XPlain is how many times the plain directory's time (no fsync,
+	// same op and clients) this operation takes: plain ops/s ÷ ops/s.
+	// XPlainFsync the same against the Maildir-careful directory.
+	XPlain      float64 `json:"x_plain"`
+	XPlainFsync float64 `json:"x_plain_fsync"`
+	// FloorRefUS is the FUSE request floor (µs per request, same
+	// clients) × the requests this operation needs through a mount (its
+	// own count for a mount, the sqlite/normal mount's otherwise); XFloor
+	// is the operation's time (1 ÷ ops/s) over it.
+	FloorRefUS float64 `json:"floor_ref_us"`
+	XFloor     float64 `json:"x_floor"`
+}
+
+// wakeRow is the wake-up of a blocked consumer when a message arrives.
+type wakeRow struct {
+	System           string  `json:"system"`
+	How              string  `json:"how"`
+	Samples          int     `json:"samples"`
+	P50US            float64 `json:"p50_us"`
+	P99US            float64 `json:"p99_us"`
+	Unconfirmed      int     `json:"unconfirmed_blocked,omitempty"`
+	CriticalRequests float64 `json:"critical_path_requests,omitempty"`
+	XPlain           float64 `json:"x_plain"` // p50 ÷ the plain directory's (inotify) p50
+	XFloor           float64 `json:"x_floor"` // p50 ÷ (floor p50 × critical-path requests)
+}
+
+// expiryRow is the lease-expiry redelivery delay: from the lease deadline
+// (user.yirangmq.lease_deadline) to .next returning the message again.
+type expiryRow struct {
+	System  string  `json:"system"`
+	Samples int     `json:"samples"`
+	P50MS   float64 `json:"p50_ms"`
+	MaxMS   float64 `json:"max_ms"`
+	MinMS   float64 `json:"min_ms"`
+}
+
+// resourceRow is what a daemon costs when it does nothing.
+type resourceRow struct {
+	System        string  `json:"system"`
+	PID           int     `json:"-"`
+	RSSIdleMiB    float64 `json:"rss_after_mount_mib"`  // VmRSS right after the mount was ready
+	RSSEndMiB     float64 `json:"rss_after_idle_mib"`   // VmRSS at the end of the idle window
+	IdleSeconds   float64 `json:"idle_seconds"`         // length of the idle window
+	IdleCPUMSPerS float64 `json:"idle_cpu_ms_per_s"`    // utime+stime over the window
+	WakeupsPerSec float64 `json:"idle_wakeups_per_sec"` // context switches of all threads over the window
+}
+
+// churnResult: the sqlite/normal daemon after many round trips.
+type churnResult struct {
+	System       string  `json:"system"`
+	Messages     int     `json:"messages"`
+	Clients      int     `json:"clients"`
+	Seconds      float64 `json:"seconds"`
+	OpsPerSec    float64 `json:"roundtrips_per_sec"`
+	CPUSecPer10k float64 `json:"cpu_s_per_10k"`
+	RSSBeforeMiB float64 `json:"rss_before_mib"`
+	RSSAfterMiB  float64 `json:"rss_after_mib"`
+}
+
+// scaleResult: a daemon on a store with many ready messages.
+type scaleResult struct {
+	System       string  `json:"system"`
+	Ready        int     `json:"ready"`
+	How          string  `json:"how"`
+	FillSeconds  float64 `json:"fill_seconds"`
+	MountSeconds float64 `json:"mount_seconds"` // start to ready
+	RSSMiB       float64 `json:"rss_after_mount_mib"`
+	RSSAfterMiB  float64 `json:"rss_after_roundtrips_mib"`
+	RoundTrips   int     `json:"roundtrips_per_queue"`
+	EmptyRTPerS  float64 `json:"empty_queue_roundtrips_per_sec"`
+	FullRTPerS   float64 `json:"full_queue_roundtrips_per_sec"`
+	Ratio        float64 `json:"ratio"` // full ÷ empty
+}
+
+// goal is one of the issue's targets with what the run measured.
+type goal struct {
+	Name    string  `json:"name"`
+	Value   float64 `json:"value"`
+	Unit    string  `json:"unit"`
+	Cmp     string  `json:"cmp"` // ">=" or "<"
+	Target  float64 `json:"target"`
+	Met     bool    `json:"met"`
+	Missing bool    `json:"missing,omitempty"` // not measured in this run
+	Note    string  `json:"note,omitempty"`
+}
+
+func round4(f float64) float64 { return math.Round(f*1e4) / 1e4 }
+
+// sig3 rounds a ratio to 3 significant digits: ratios here run from
+// 0.001 (mqueue against fsync) to 100.
+func sig3(f float64) float64 {
+	if f == 0 || math.IsInf(f, 0) || math.IsNaN(f) {
+		return f
+	}
+	scale := math.Pow(10, 2-math.Floor(math.Log10(math.Abs(f))))
+	return math.Round(f*scale) / scale
+}
+
+// findRow returns the row of system, op and clients.
+func (r *suiteResults) findRow(system, op string, clients int) (row, bool) {
+	return findIn(r.Rows, system, op, clients)
+}
+
+func findIn(rows []row, system, op string, clients int) (row, bool) {
+	for _, x := range rows {
+		if x.System == system && x.Op == op && x.Clients == clients {
+			return x, true
+		}
+	}
+	return row{}, false
+}
+
+// floorFor is the floor probed right before system (or at the start),
+// for clients.
+func (r *suiteResults) floorFor(system string, clients int) (floorProbe, bool) {
+	var start floorProbe
+	found := false
+	for _, f := range r.Floor {
+		if f.Clients != clients {
+			continue
+		}
+		if f.Before == system {
+			return f, true
+		}
+		if f.Before == "start" {
+			start, found = f, true
+		}
+	}
+	return start, found
+}
+
+// isMount tells whether a system's operations go through FUSE.
+func isMount(system string) bool {
+	return strings.HasPrefix(system, "mount ") || system == sysLoopback
+}
+
+// computeRatios fills in each row's comparisons with the plain
+// directory and the FUSE floor, and each wake-up's.
+func (r *suiteResults) computeRatios() {
+	ref := sysMount("sqlite", "normal")
+	for i := range r.Rows {
+		x := &r.Rows[i]
+		x.XPlain, x.XPlainFsync, x.FloorRefUS, x.XFloor = 0, 0, 0, 0
+		if x.OpsPerSec <= 0 {
+			continue
+		}
+		if p, ok := r.findRow(sysPlain, x.Op, x.Clients); ok && p.OpsPerSec > 0 {
+			x.XPlain = sig3(p.OpsPerSec / x.OpsPerSec)
+		}
+		if p, ok := r.findRow(sysPlainFsync, x.Op, x.Clients); ok && p.OpsPerSec > 0 {
+			x.XPlainFsync = sig3(p.OpsPerSec / x.OpsPerSec)
+		}
+		req := x.RequestsPerOp
+		if !isMount(x.System) || req <= 0 {
+			req = 0
+			if m, ok := r.findRow(ref, x.Op, x.Clients); ok {
+				req = m.RequestsPerOp
+			}
+		}
+		f, ok := r.floorFor(x.System, x.Clients)
+		if ok && req > 0 && f.USPerRequest > 0 {
+			x.FloorRefUS = round1(f.USPerRequest * req)
+			x.XFloor = sig3(1e6 / x.OpsPerSec / x.FloorRefUS)
+		}
+	}
+	var plainP50 float64
+	for _, w := range r.Wake {
+		if w.System == sysPlain {
+			plainP50 = w.P50US
+		}
+	}
+	for i := range r.Wake {
+		w := &r.Wake[i]
+		w.XPlain, w.XFloor = 0, 0
+		if plainP50 > 0 && w.P50US > 0 {
+			w.XPlain = sig3(w.P50US / plainP50)
+		}
+		if !strings.HasPrefix(w.System, "mount ") {
+			continue
+		}
+		// The critical path: the publish's requests that its writer
+		// waits for (RELEASE is answered after close returns) and the
+		// answer to the blocked READ.
+		if p, ok := r.findRow(w.System, "publish", 1); ok && p.RequestsPerOp > 0 {
+			w.CriticalRequests = round2(p.RequestsPerOp - p.Requests["RELEASE"] + 1)
+		}
+		if f, ok := r.floorFor(w.System, 1); ok && f.P50US > 0 && w.CriticalRequests > 0 {
+			w.XFloor = sig3(w.P50US / (f.P50US * w.CriticalRequests))
+		}
+	}
+}
+
+// computeGoals compares the run with the issue's goals.
+func (r *suiteResults) computeGoals() []goal {
+	var gs []goal
+	add := func(name string, value float64, ok bool, unit, cmp string, target float64, note string) {
+		g := goal{Name: name, Value: value, Unit: unit, Cmp: cmp, Target: target, Note: note, Missing: !ok}
+		if ok {
+			g.Value = round2(value)
+			switch cmp {
+			case ">=":
+				g.Met = value >= target
+			case "<":
+				g.Met = value < target
+			}
+		}
+		gs = append(gs, g)
+	}
+	ratio := func(a, b row, okA, okB bool) (float64, bool) {
+		if !okA || !okB || b.OpsPerSec <= 0 {
+			return 0, false
+		}
+		return a.OpsPerSec / b.OpsPerSec, true
+	}
+	sn := sysMount("sqlite", "normal")
+	clients := r.clientCounts()
+	// pair finds two systems' rows for a ratio: from the interleaved step
+	// when it has both, else from the main tables.
+	pair := func(a, b, op string, c int) (float64, bool, string) {
+		ra, okA := findIn(r.Interleaved, a, op, c)
+		rb, okB := findIn(r.Interleaved, b, op, c)
+		if okA && okB {
+			v, ok := ratio(ra, rb, true, true)
+			return v, ok, "interleaved"
+		}
+		ra, okA = r.findRow(a, op, c)
+		rb, okB = r.findRow(b, op, c)
+		v, ok := ratio(ra, rb, okA, okB)
+		return v, ok, ""
+	}
+	for _, op := range suiteOps {
+		for _, c := range clients {
+			v, ok, note := pair(sn, sysLoopback, op, c)
+			add(fmt.Sprintf("%s %s, %d client(s) ÷ loopback", sn, op, c), v, ok, "×", ">=", 1, note)
+		}
+	}
+	for _, c := range []struct {
+		n      int
+		target float64
+	}{{4, 1}, {1, 0.5}} {
+		v, ok, note := pair(sn, sysGoqite, "roundtrip", c.n)
+		add(fmt.Sprintf("%s round trip, %d client(s) ÷ goqite-style", sn, c.n), v, ok, "×", ">=", c.target, note)
+	}
+	for _, c := range clients {
+		v, ok, note := pair(sysInproc("sqlite", "normal"), sysGoqite, "roundtrip", c)
+		add(fmt.Sprintf("queuecore sqlite/normal in process round trip, %d client(s) ÷ goqite-style", c), v, ok, "×", ">=", 2, note)
+	}
+	for _, store := range []string{"sqlite", "fs"} {
+		f, okF := r.findRow(sysMount(store, "full"), "publish", 4)
+		n, okN := r.findRow(sysMount(store, "normal"), "publish", 4)
+		v, ok := ratio(f, n, okF, okN)
+		add(fmt.Sprintf("mount %s publish, 4 clients, full ÷ normal", store), v, ok, "×", ">=", 0.5, "")
+	}
+	for _, store := range []string{"sqlite", "fs"} {
+		sys := sysMount(store, "normal")
+		w, ok := r.findWake(sys)
+		add(sys+" .next wake-up p50", w.P50US/1000, ok, "ms", "<", 1, "")
+		add(sys+" .next wake-up p99", w.P99US/1000, ok, "ms", "<", 5, "")
+	}
+	for _, store := range []string{"sqlite", "fs"} {
+		sys := sysMount(store, "normal")
+		e, ok := r.findExpiry(sys)
+		add(sys+" lease-expiry redelivery (max)", e.MaxMS, ok && e.Samples > 0, "ms", "<", 100, fmt.Sprintf("%d samples, p50 %.1f ms", e.Samples, e.P50MS))
+	}
+	for _, store := range []string{"sqlite", "fs"} {
+		sys := sysMount(store, "normal")
+		res, ok := r.findResource(sys)
+		add(sys+" idle RSS after mount", res.RSSIdleMiB, ok && res.RSSIdleMiB > 0, "MiB", "<", 20, "")
+		add(sys+" idle wakeups", res.WakeupsPerSec, ok && res.IdleSeconds > 0, "/s", "<", 1, fmt.Sprintf("over %.0f s", res.IdleSeconds))
+	}
+	if s := r.Scale; s != nil {
+		note := ""
+		if s.Ready < 1_000_000 {
+			note = fmt.Sprintf("measured with %d ready, not 1M (make bench BENCH_MILLION=1)", s.Ready)
+		}
+		add(fmt.Sprintf("daemon RSS with %s ready", countName(s.Ready)), s.RSSMiB, s.RSSMiB > 0, "MiB", "<", 64, note)
+		add(fmt.Sprintf("mount round trip with %s ready ÷ empty queue", countName(s.Ready)), s.Ratio, s.Ratio > 0, "×", ">=", 0.8, note)
+	} else {
+		add("daemon RSS with 1M ready", 0, false, "MiB", "<", 64, "")
+		add("mount round trip with 1M ready ÷ empty queue", 0, false, "×", ">=", 0.8, "")
+	}
+	return gs
+}
+
+func (r *suiteResults) clientCounts() []int {
+	var cs []int
+	for _, x := range r.Rows {
+		if !slices.Contains(cs, x.Clients) {
+			cs = append(cs, x.Clients)
+		}
+	}
+	slices.Sort(cs)
+	return cs
+}
+
+func (r *suiteResults) findWake(system string) (wakeRow, bool) {
+	for _, w := range r.Wake {
+		if w.System == system {
+			return w, true
+		}
+	}
+	return wakeRow{}, false
+}
+
+func (r *suiteResults) findExpiry(system string) (expiryRow, bool) {
+	for _, e := range r.Expiry {
+		if e.System == system {
+			return e, true
+		}
+	}
+	return expiryRow{}, false
+}
+
+func (r *suiteResults) findResource(system string) (resourceRow, bool) {
+	for _, x := range r.Resources {
+		if x.System == system {
+			return x, true
+		}
+	}
+	return resourceRow{}, false
+}
+
+// countName writes 1000000 as 1M and 100000 as 100k.
+func countName(n int) string {
+	switch {
+	case n >= 1_000_000 && n%1_000_000 == 0:
+		return fmt.Sprintf("%dM", n/1_000_000)
+	case n >= 1000 && n%1000 == 0:
+		return fmt.Sprintf("%dk", n/1000)
+	}
+	return fmt.Sprint(n)
+}
+
+// systemOrder is the order of systems in tables and the chart: the
+// baselines first, then ours.
+func (r *suiteResults) systemOrder() []string {
+	rank := func(s string) int {
+		switch {
+		case s == sysPlain:
+			return 0
+		case s == sysPlainFsync:
+			return 1
+		case s == sysMQueue:
+			return 2
+		case s == sysGoqite:
+			return 3
+		case strings.HasPrefix(s, "queuecore "):
+			return 4
+		case s == sysLoopback:
+			return 5
+		}
+		return 6
+	}
+	var out []string
+	for _, x := range r.Rows {
+		if !slices.Contains(out, x.System) {
+			out = append(out, x.System)
+		}
+	}
+	slices.SortStableFunc(out, func(a, b string) int { return rank(a) - rank(b) })
+	return out
+}
