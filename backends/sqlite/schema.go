@@ -116,8 +116,9 @@ END;
 `
 
 // inlineBody is the largest body kept in its message's row. Rows of up to
-// some 1.3 KiB keep three or more messages per 4 KiB page for List, and
-// stay far from SQLite's overflow threshold (some 4 KiB).
+// some 1.3 KiB stay below SQLite's overflow threshold (some 2 KiB with the
+// store's 2 KiB pages, defaultPageSize); small messages, the common case,
+// still share a page for List.
 const inlineBody = 1024
 
 // msgCols are the metadata columns in the order scanMessage reads them and
