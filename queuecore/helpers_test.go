@@ -5,8 +5,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -44,26 +44,35 @@ var stores = []struct {
 	}},
 }
 
-// pg is the PostgreSQL server of the postgres store's runs (nil: none
-// here, and those runs are skipped, or fail when it is required).
+// pg is the PostgreSQL server of the postgres store's runs, started by the
+// first of them (so that a fuzzing worker, which runs this binary too,
+// never starts one) and stopped by TestMain.
 var (
+	pgOnce        sync.Once
 	pg            *pgtest.Server
+	pgStop        = func() {}
+	pgErr         error
 	errNoPostgres = errors.New("no PostgreSQL server")
 )
 
-func TestMain(m *testing.M) {
-	srv, stop, err := pgtest.StartMain()
+// postgresServer returns the server, or skips t (fails it when required).
+func postgresServer(t *testing.T) *pgtest.Server {
+	t.Helper()
+	pgOnce.Do(func() { pg, pgStop, pgErr = pgtest.StartMain() })
 	switch {
-	case err == nil:
-		pg = srv
-	case errors.Is(err, pgtest.ErrNoPostgres) && os.Getenv(pgtest.EnvRequire) != "1":
-		fmt.Fprintln(os.Stderr, "queuecore tests: the postgres store's runs are skipped:", err)
+	case pgErr == nil:
+		return pg
+	case errors.Is(pgErr, pgtest.ErrNoPostgres) && os.Getenv(pgtest.EnvRequire) != "1":
+		t.Skipf("no PostgreSQL server here: %v", pgErr)
 	default:
-		fmt.Fprintln(os.Stderr, "queuecore tests:", err)
-		os.Exit(1)
+		t.Fatalf("PostgreSQL server: %v", pgErr)
 	}
+	return nil
+}
+
+func TestMain(m *testing.M) {
 	code := m.Run()
-	stop()
+	pgStop()
 	os.Exit(code)
 }
 
@@ -95,8 +104,8 @@ func eachStore(t *testing.T, f func(t *testing.T, e *env)) {
 	t.Helper()
 	for _, s := range stores {
 		t.Run(s.name, func(t *testing.T) {
-			if s.name == "postgres" && pg == nil {
-				t.Skip("no PostgreSQL server here")
+			if s.name == "postgres" {
+				postgresServer(t)
 			}
 			e := &env{t: t, ctx: context.Background(), dir: t.TempDir(), open: s.open,
 				clock: testenv.NewFakeClock(t0), notes: &notes{ch: make(chan queuecore.Event, 1024)}}
