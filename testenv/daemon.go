@@ -64,6 +64,12 @@ type DaemonOptions struct {
 	Sync    string   // full (default), normal or off
 	Store   string   // default: a new temporary directory
 	Args    []string // more flags for yirangmq mount
+	// Wrap is a command prefix to run the daemon under: the command is
+	// Wrap[0] Wrap[1:]... BINARY mount .... The prefix must exec the
+	// binary in its own process, keeping the environment and fd 3 (as
+	// nsenter --net=PATH -- and env do), so that Pid, Stop and Kill reach
+	// the daemon itself.
+	Wrap []string
 }
 
 // Daemon is a yirangmq mount served by a child process.
@@ -112,7 +118,11 @@ func StartDaemon(t testing.TB, opts DaemonOptions) *Daemon {
 func (d *Daemon) start() error {
 	args := append([]string{"mount", "--backend", d.opts.Backend, "--store", d.opts.Store, "--sync", d.opts.Sync}, d.opts.Args...)
 	args = append(args, d.Mountpoint)
-	d.cmd = exec.Command(d.bin, args...)
+	if w := d.opts.Wrap; len(w) > 0 {
+		d.cmd = exec.Command(w[0], append(append(w[1:len(w):len(w)], d.bin), args...)...)
+	} else {
+		d.cmd = exec.Command(d.bin, args...)
+	}
 	d.log = &syncBuffer{}
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

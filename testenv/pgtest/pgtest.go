@@ -15,6 +15,10 @@
 // A child process of a test (a crash test re-runs the test binary) can be
 // pointed at its parent's server with Export: Start and StartMain then
 // attach to that server instead of starting one, and never stop it.
+//
+// StartWith and NewWith take Options: more addresses to listen on (as the
+// host side of a veth pair, for a client in another network namespace)
+// and networks that pg_hba.conf trusts; TCPURLAt names such an address.
 package pgtest
 
 import (
@@ -71,6 +75,9 @@ type Server struct {
 	// owned is false for a server attached through EnvServer: this process
 	// did not start it and must not stop it.
 	owned bool
+	// listen is what postgres listens on besides 127.0.0.1
+	// (Options.ListenAddresses).
+	listen []string
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -185,8 +192,61 @@ func attach() (s *Server, ok bool, err error) {
 	return &Server{dir: dir, port: port}, true, nil
 }
 
+// Options say how to set up a new server (StartWith, NewWith). The zero
+// value is the server of Start and New.
+type Options struct {
+	// ListenAddresses are IP addresses for the server to listen on besides
+	// 127.0.0.1, on the same TCP port: say, the host side of a veth pair,
+	// for clients in another network namespace (see TCPURLAt). Each must
+	// be an address of this host when the server starts (and restarts):
+	// starting fails when the server cannot listen on one of them.
+	ListenAddresses []string
+	// TrustNets are networks in CIDR notation (10.213.0.0/30) whose
+	// clients pg_hba.conf lets connect over TCP without a password, as it
+	// lets 127.0.0.1. The clients of ListenAddresses need them.
+	TrustNets []string
+}
+
+func (o Options) zero() bool { return len(o.ListenAddresses) == 0 && len(o.TrustNets) == 0 }
+
+// StartWith is Start with opts. A server with options (not the zero
+// value) is always a new one, stopped and removed when t ends: it never
+// attaches to the server of EnvServer, which was set up without them.
+func StartWith(t testing.TB, opts Options) *Server {
+	t.Helper()
+	if opts.zero() {
+		return Start(t)
+	}
+	s, err := NewWith(opts)
+	if errors.Is(err, ErrNoPostgres) {
+		if os.Getenv(EnvRequire) == "1" {
+			t.Fatalf("pgtest: %v (and %s=1)", err, EnvRequire)
+		}
+		t.Skipf("pgtest: %v", err)
+	}
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
 // New starts a new server. The caller must Close it.
-func New() (*Server, error) {
+func New() (*Server, error) { return NewWith(Options{}) }
+
+// NewWith starts a new server set up as opts say. The caller must Close
+// it.
+func NewWith(opts Options) (*Server, error) {
+	for _, a := range opts.ListenAddresses {
+		if net.ParseIP(a) == nil {
+			return nil, fmt.Errorf("listen address %q is not an IP address", a)
+		}
+	}
+	for _, n := range opts.TrustNets {
+		if _, _, err := net.ParseCIDR(n); err != nil {
+			return nil, fmt.Errorf("trusted network: %w", err)
+		}
+	}
 	bin, err := FindBin()
 	if err != nil {
 		return nil, err
@@ -201,7 +261,7 @@ func New() (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{dir: dir, bin: bin, owned: true}
+	s := &Server{dir: dir, bin: bin, owned: true, listen: slices.Clone(opts.ListenAddresses)}
 	fail := func(err error) (*Server, error) {
 		_ = os.RemoveAll(dir)
 		return nil, err
@@ -226,6 +286,9 @@ func New() (*Server, error) {
 	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred, Pdeathsig: syscall.SIGKILL}
 	if out, err := initdb.CombinedOutput(); err != nil {
 		return fail(fmt.Errorf("initdb: %w\n%s", err, out))
+	}
+	if err := s.trust(opts.TrustNets); err != nil {
+		return fail(err)
 	}
 	var lastErr error
 	for range 3 { // a free port can be taken between choosing and binding
@@ -273,6 +336,38 @@ func (s *Server) TCPURL(db string) string {
 	u := url.URL{Scheme: "postgres", User: url.User(User), Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)),
 		Path: "/" + db, RawQuery: "sslmode=disable"}
 	return u.String()
+}
+
+// TCPURLAt is the connection URL of database db through TCP to address
+// host, one of Options.ListenAddresses (or 127.0.0.1), at the server's
+// port.
+func (s *Server) TCPURLAt(host, db string) string {
+	u := url.URL{Scheme: "postgres", User: url.User(User), Host: net.JoinHostPort(host, strconv.Itoa(s.port)),
+		Path: "/" + db, RawQuery: "sslmode=disable"}
+	return u.String()
+}
+
+// trust appends to pg_hba.conf a trust line for TCP clients of each of
+// nets (initdb -A trust wrote those of the loopback addresses).
+func (s *Server) trust(nets []string) error {
+	if len(nets) == 0 {
+		return nil
+	}
+	var b strings.Builder
+	b.WriteString("\n# pgtest.Options.TrustNets\n")
+	for _, n := range nets {
+		fmt.Fprintf(&b, "host all all %s trust\n", n)
+	}
+	// Appending keeps the file's owner (the postgres user, under root).
+	f, err := os.OpenFile(filepath.Join(s.dataDir(), "pg_hba.conf"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return fmt.Errorf("pg_hba.conf: %w", err)
+	}
+	if _, err := f.WriteString(b.String()); err != nil {
+		f.Close()
+		return fmt.Errorf("pg_hba.conf: %w", err)
+	}
+	return f.Close()
 }
 
 // Export makes child processes started by t (through os.Environ) attach to
@@ -336,7 +431,7 @@ func (s *Server) Start() error {
 	defer logf.Close()
 	logStart, _ := logf.Seek(0, 2)
 	cmd := exec.Command(filepath.Join(s.bin, "postgres"), "-D", s.dataDir(), "-k", s.dir, "-p", strconv.Itoa(s.port),
-		"-c", "listen_addresses=127.0.0.1",
+		"-c", "listen_addresses="+strings.Join(append([]string{"127.0.0.1"}, s.listen...), ","),
 		"-c", "fsync=on",
 		"-c", "max_connections=200",
 		"-c", "shared_buffers=32MB",
@@ -364,6 +459,12 @@ func (s *Server) Start() error {
 		cancel()
 		if err == nil {
 			_ = c.Close(context.Background())
+			// With several addresses, postgres starts when it can listen
+			// on any one of them, and logs the others.
+			if log := s.logSince(logStart); len(s.listen) > 0 && strings.Contains(log, "could not create listen socket") {
+				s.killLocked()
+				return fmt.Errorf("postgres could not bind every listen address:\n%s", log)
+			}
 			return nil
 		}
 		select {

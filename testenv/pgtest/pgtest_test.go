@@ -3,7 +3,9 @@ package pgtest
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -77,5 +79,58 @@ func TestAttach(t *testing.T) {
 	}
 	if _, err := query(t, s.URL("postgres")); err != nil {
 		t.Errorf("the server is gone after the attached one was closed: %v", err)
+	}
+}
+
+// TestListenAddresses: a server started with more listen addresses
+// answers on them, to the clients of its trusted networks only; one that
+// cannot listen on an address fails to start.
+func TestListenAddresses(t *testing.T) {
+	// 127.0.0.0/8 is the loopback interface's: 127.0.0.2 needs no setup,
+	// and a client bound to 127.0.0.3 connects from there.
+	s := StartWith(t, Options{ListenAddresses: []string{"127.0.0.2"}, TrustNets: []string{"127.0.0.3/32"}})
+	url := s.CreateDB(t, "one")
+	from := func(local string) (int, error) {
+		cfg, err := pgx.ParseConfig(s.TCPURLAt("127.0.0.2", "one"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.DialFunc = (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}}).DialContext
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c, err := pgx.ConnectConfig(ctx, cfg)
+		if err != nil {
+			return 0, err
+		}
+		defer c.Close(context.Background())
+		var n int
+		err = c.QueryRow(ctx, "SELECT 41 + 1").Scan(&n)
+		return n, err
+	}
+	if n, err := from("127.0.0.3"); err != nil || n != 42 {
+		t.Errorf("from a trusted network to the extra address: %d, %v", n, err)
+	}
+	if _, err := from("127.0.0.4"); err == nil || !strings.Contains(err.Error(), "pg_hba.conf") {
+		t.Errorf("from an untrusted network: %v, want a pg_hba.conf refusal", err)
+	}
+	for _, u := range []string{url, s.TCPURL("one")} {
+		if n, err := query(t, u); err != nil || n != 42 {
+			t.Errorf("query %s = %d, %v", u, n, err)
+		}
+	}
+	s.Restart(t)
+	if n, err := from("127.0.0.3"); err != nil || n != 42 {
+		t.Errorf("after Restart: %d, %v", n, err)
+	}
+
+	// 192.0.2.1 (TEST-NET-1) is no address of this host.
+	if s, err := NewWith(Options{ListenAddresses: []string{"192.0.2.1"}}); err == nil {
+		s.Close()
+		t.Error("a server started without its listen address")
+	} else if !strings.Contains(err.Error(), "could not bind") {
+		t.Errorf("start without the listen address: %v, want could not bind", err)
+	}
+	if _, err := NewWith(Options{TrustNets: []string{"10.0.0.1"}}); err == nil {
+		t.Error("a trusted network that is no CIDR was taken")
 	}
 }
