@@ -68,20 +68,25 @@ type Core struct {
 
 	// shared is the store again when several daemons use it (nil for a
 	// store of this process alone); see shared.go.
-	shared  SharedStore
-	idMu    sync.Mutex // guards idNext, idEnd: the block of IDs reserved in a shared store
-	idNext  uint64
-	idEnd   uint64
-	lastSeq atomic.Uint64 // last Seq handed out with a shared store
-	countMu sync.Mutex    // orders refreshes of the gauges from a shared store
-	countAt time.Time     // when the gauges were last read from a shared store
+	shared   SharedStore
+	idMu     sync.Mutex // guards idNext, idEnd: the block of IDs reserved in a shared store
+	idNext   uint64
+	idEnd    uint64
+	lastSeq  atomic.Uint64 // last Seq handed out with a shared store
+	countMu  sync.Mutex    // orders refreshes of the gauges from a shared store
+	reloadMu sync.Mutex    // one reloadQueues at a time
+	countAt  time.Time     // when the gauges were last read from a shared store
 
 	randMu sync.Mutex
 	rand   *bufio.Reader // crypto/rand, buffered: see newMessageID
 
-	mu       sync.Mutex // guards queues and creating; never held across a commit
+	mu       sync.Mutex // guards queues, creating and queueGen; never held across a commit
 	queues   map[string]*queue
 	creating map[string]bool // names of queues being created
+	// queueGen counts this core's own changes of queues (create, delete,
+	// policy and owner), so that a reload from a shared store that read
+	// the store before one of them does not undo it (reloadQueues).
+	queueGen uint64
 
 	sched  *scheduler
 	closed atomic.Bool
@@ -139,6 +144,11 @@ func Open(ctx context.Context, store Store, opts Options) (*Core, error) {
 		c.shared = ss
 		c.countAt = c.now()
 		ss.Subscribe(c.external)
+		// What other daemons changed between the load above and the
+		// subscription was not heard: read the queues once more.
+		if err := c.reloadQueues(ctx); err != nil {
+			return nil, fmt.Errorf("open queue core: %w", err)
+		}
 	}
 	c.wg.Add(1)
 	go c.sched.run()
@@ -263,11 +273,16 @@ func (c *Core) CreateQueue(ctx context.Context, name string, uid, gid, mode uint
 	c.mu.Unlock()
 	p := DefaultPolicy()
 	info := QueueInfo{Name: name, Policy: p.JSON(), UID: uid, GID: gid, Mode: mode & 0o7777, CreatedAt: c.now()}
-	err := c.store.PutQueue(context.WithoutCancel(ctx), info)
+	put := c.store.PutQueue
+	if c.shared != nil {
+		put = c.shared.CreateQueue // another daemon may have made it meanwhile
+	}
+	err := put(context.WithoutCancel(ctx), info)
 	c.mu.Lock()
 	delete(c.creating, name)
 	if err == nil {
 		c.queues[name] = newQueue(info, p)
+		c.queueGen++
 	}
 	c.mu.Unlock()
 	if err != nil {
@@ -326,6 +341,7 @@ func (c *Core) DeleteQueue(ctx context.Context, name string, force bool) error {
 	}
 	c.mu.Lock()
 	delete(c.queues, name)
+	c.queueGen++
 	c.mu.Unlock()
 	c.log.Info("queue deleted", logQueue, name, "force", force)
 	return nil
@@ -411,9 +427,14 @@ func (c *Core) updateQueue(ctx context.Context, q *queue, change func(*QueueInfo
 		return err
 	}
 	info.Policy = p.JSON()
-	if err := c.store.PutQueue(context.WithoutCancel(ctx), info); err != nil {
+	put := c.store.PutQueue
+	if c.shared != nil {
+		put = c.shared.UpdateQueue // another daemon may have deleted it meanwhile
+	}
+	if err := put(context.WithoutCancel(ctx), info); err != nil {
 		return fmt.Errorf("update queue %q: %w", q.name, err)
 	}
+	c.mu.Lock()
 	q.mu.Lock()
 	wasPaused := q.policy.Paused
 	q.info, q.policy = info, p
@@ -421,6 +442,8 @@ func (c *Core) updateQueue(ctx context.Context, q *queue, change func(*QueueInfo
 		q.wakeReaders()
 	}
 	q.mu.Unlock()
+	c.queueGen++
+	c.mu.Unlock()
 	c.sched.kick() // retention may have changed
 	return nil
 }

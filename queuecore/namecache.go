@@ -49,6 +49,14 @@ func (nc *nameCache) wrote(m Message, gone bool) {
 	nc.entries[m.Name] = nameEntry{m: m, live: true}
 }
 
+// forget drops what the cache knows of name, and any read under way.
+func (nc *nameCache) forget(name string) {
+	nc.mu.Lock()
+	defer nc.mu.Unlock()
+	nc.gen++
+	delete(nc.entries, name)
+}
+
 // get returns the entry of name, if there is one.
 func (nc *nameCache) get(name string) (nameEntry, bool) {
 	nc.mu.Lock()

@@ -145,6 +145,13 @@ func (c *Core) publish(ctx context.Context, q *queue, name string, body []byte, 
 
 	// Backpressure: counted against ready messages plus publishes under way.
 	toReady := m.State == StateReady
+	if toReady && c.shared != nil && p.MaxReady > 0 {
+		// Other daemons lease and publish too: go by the store's count
+		// (at most countsTTL old), not by this daemon's own moves.
+		if err := c.refreshCounts(ctx); err != nil {
+			return PublishResult{}, fmt.Errorf("publish %s/%s: %w", q.name, name, err)
+		}
+	}
 	for _, cl := range claims {
 		cq := cl.q
 		cq.mu.Lock()
@@ -731,8 +738,8 @@ func (c *Core) Purge(ctx context.Context, queueName string, s State) (int, error
 		}
 		err := c.commit(ctx, &b)
 		c.finish(claims, &b)
-		if errors.Is(err, ErrConflict) {
-			continue // another daemon moved one of them: list again
+		if errors.Is(err, ErrNotFound) {
+			continue // another daemon moved or deleted one of them: list again
 		}
 		if err != nil {
 			return total, err
@@ -845,6 +852,11 @@ func (c *Core) CheckPublish(ctx context.Context, queueName, name string) error {
 	q, err := c.queue(queueName)
 	if err != nil {
 		return err
+	}
+	if c.shared != nil && policyOf(q).MaxReady > 0 {
+		if err := c.refreshCounts(ctx); err != nil {
+			return err
+		}
 	}
 	q.mu.Lock()
 	_, claimed := q.claims[claimKey{name: name}]

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -14,6 +15,16 @@ import (
 type scheduler struct {
 	c      *Core
 	kickCh chan struct{}
+
+	// With a shared store (run's goroutine only): the counts retention
+	// goes by, read at most every sharedCountsTTL (a scan of the table),
+	// and when the queues were last reloaded.
+	counts     map[string]map[State]Count
+	countsAt   time.Time
+	reloadedAt time.Time
+	// countsStale is set by a commit of this core that may have put an
+	// archive over its limit: the next run reads the counts again.
+	countsStale atomic.Bool
 
 	mu      sync.Mutex
 	armedAt time.Time // when the timer fires; zero when no timer is armed
@@ -131,9 +142,17 @@ func (s *scheduler) work() time.Time {
 	var shared map[string]map[State]Count
 	if c.shared != nil {
 		var err error
-		if shared, err = c.store.Counts(ctx); err != nil {
+		if shared, err = s.sharedCounts(ctx, now); err != nil {
 			c.log.Error("scheduler: read counts", logErr, err)
 			return now.Add(time.Second)
+		}
+		if now.Sub(s.reloadedAt) >= sharedReload {
+			// A backstop for lost hints about queues.
+			if err := c.reloadQueues(ctx); err != nil {
+				c.log.Warn("scheduler: reload queues from the shared store", logErr, err)
+			} else {
+				s.reloadedAt = now
+			}
 		}
 	}
 	for _, name := range c.QueueNames() {
@@ -225,7 +244,7 @@ func (s *scheduler) handleDue(ctx context.Context, due []Message, now time.Time)
 	for q, n := range expiredBy {
 		b.count(func(time.Time) { q.counters.expired.Add(n) })
 	}
-	if err := c.commit(ctx, &b); errors.Is(err, ErrConflict) {
+	if err := c.commit(ctx, &b); c.shared != nil && errors.Is(err, ErrNotFound) {
 		c.log.Debug("scheduler: a due message was moved by another daemon", logErr, err)
 		moved = 0
 	} else if err != nil {
@@ -311,7 +330,7 @@ func (s *scheduler) retention(ctx context.Context, q *queue, now time.Time, arch
 			}
 			err = c.commit(ctx, &b)
 			c.finish(claims, &b)
-			if errors.Is(err, ErrConflict) {
+			if c.shared != nil && errors.Is(err, ErrNotFound) {
 				return now.Add(busyRetry), false // another daemon changed one: read again
 			}
 			if err != nil {
@@ -322,7 +341,28 @@ func (s *scheduler) retention(ctx context.Context, q *queue, now time.Time, arch
 			if len(b.ops) == 0 {
 				break
 			}
+			s.countsStale.Store(true) // the counts read for this run are past
 		}
 	}
 	return next, held
+}
+
+// With a shared store, the duty holder's retention by count reads the
+// store's counts at most every sharedCountsTTL, and every daemon reloads
+// its queues every sharedReload whatever the hints said.
+const (
+	sharedCountsTTL = 10 * time.Second
+	sharedReload    = 30 * time.Second
+)
+
+func (s *scheduler) sharedCounts(ctx context.Context, now time.Time) (map[string]map[State]Count, error) {
+	if s.counts != nil && now.Sub(s.countsAt) < sharedCountsTTL && !s.countsStale.Swap(false) {
+		return s.counts, nil
+	}
+	counts, err := s.c.store.Counts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.counts, s.countsAt = counts, now
+	return counts, nil
 }

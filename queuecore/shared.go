@@ -48,6 +48,15 @@ type SharedStore interface {
 	// block for long.
 	Subscribe(fn func(Change))
 
+	// CreateQueue creates a queue that must not exist yet: ErrExists when
+	// another daemon made one of that name first (PutQueue would replace
+	// its policy).
+	CreateQueue(ctx context.Context, q QueueInfo) error
+	// UpdateQueue replaces the policy and permissions of a queue that
+	// exists: ErrNotFound when another daemon deleted it (PutQueue would
+	// create it again, empty).
+	UpdateQueue(ctx context.Context, q QueueInfo) error
+
 	// DeleteEmptyQueue removes a queue only if it holds no message, in
 	// one step against the publishes of other daemons: ErrNotEmpty when it
 	// holds one, ErrNotFound when there is no such queue. A publish racing
@@ -126,13 +135,30 @@ func (c *Core) external(ch Change) {
 // appear, deleted ones go (their blocked readers wake with ErrNotFound),
 // and policies and owners changed elsewhere take effect.
 func (c *Core) reloadQueues(ctx context.Context) error {
-	infos, err := c.store.Queues(ctx)
-	if err != nil {
-		return err
+	c.reloadMu.Lock()
+	defer c.reloadMu.Unlock()
+	var infos []QueueInfo
+	for try := 0; ; try++ {
+		c.mu.Lock()
+		gen := c.queueGen
+		c.mu.Unlock()
+		var err error
+		if infos, err = c.store.Queues(ctx); err != nil {
+			return err
+		}
+		c.mu.Lock()
+		if c.queueGen == gen {
+			break // c.mu stays held: nothing of this core's came between
+		}
+		c.mu.Unlock()
+		// This core created, deleted or changed a queue while the store
+		// was read: that read may not have it. Read again.
+		if try == 4 {
+			return errors.New("queues change too fast here to reload them")
+		}
 	}
 	seen := make(map[string]bool, len(infos))
 	var changed []string
-	c.mu.Lock()
 	for _, info := range infos {
 		seen[info.Name] = true
 		p, perr := ParsePolicy(info.Policy)

@@ -147,6 +147,12 @@ func (c *Core) commit(ctx context.Context, b *batch) error {
 		return nil
 	}
 	if err := c.store.Apply(context.WithoutCancel(ctx), b.ops); err != nil {
+		// A store that failed may hold some of it anyway (the fs store
+		// keeps its index when an fdatasync fails, then refuses writes):
+		// forget what the name cache knew of these names.
+		for _, t := range b.touched {
+			t.q.names.forget(t.m.Name)
+		}
 		return err
 	}
 	c.applied(b)
@@ -181,6 +187,7 @@ func (c *Core) applied(b *batch) {
 	}
 	b.committed = true
 	if b.kick {
+		c.sched.countsStale.Store(true)
 		c.sched.kick()
 	} else if !b.deadline.IsZero() {
 		c.sched.wakeBy(b.deadline)

@@ -42,6 +42,7 @@ func RunShared(t *testing.T, open SharedOpener) {
 		{"Subscribe", testSubscribe},
 		{"Duty", testDuty},
 		{"DeleteEmptyQueue", testDeleteEmptyQueue},
+		{"CreateUpdateQueue", testCreateUpdateQueue},
 	}
 	for _, s := range suites {
 		t.Run(s.name, func(t *testing.T) { s.run(t, open) })
@@ -577,5 +578,42 @@ func testDeleteEmptyQueue(t *testing.T, open SharedOpener) {
 		case derr != nil:
 			t.Fatalf("round %d: publish refused (%v) and delete failed (%v)", round, perr, derr)
 		}
+	}
+}
+
+// testCreateUpdateQueue: a queue is created once (a second daemon's mkdir
+// of the same name gets ErrExists and changes nothing), updated only while
+// it exists (never created again by an update after a delete).
+func testCreateUpdateQueue(t *testing.T, open SharedOpener) {
+	ctx := context.Background()
+	s1, s2 := openPair(t, open)
+	q := queueInfo("a")
+	if err := s1.CreateQueue(ctx, q); err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	other := q
+	other.Policy, other.Mode = []byte(`{"maxReady": 7}`), 0o700
+	if err := s2.CreateQueue(ctx, other); !errors.Is(err, queuecore.ErrExists) {
+		t.Fatalf("second create = %v, want ErrExists", err)
+	}
+	qs, err := s2.Queues(ctx)
+	if err != nil || len(qs) != 1 || string(qs[0].Policy) != string(q.Policy) || qs[0].Mode != q.Mode {
+		t.Fatalf("after a refused create: %+v, %v; want the first queue unchanged", qs, err)
+	}
+	if err := s2.UpdateQueue(ctx, other); err != nil {
+		t.Fatalf("update: %v", err)
+	}
+	qs, err = s1.Queues(ctx)
+	if err != nil || len(qs) != 1 || string(qs[0].Policy) != string(other.Policy) || qs[0].Mode != other.Mode {
+		t.Fatalf("after an update: %+v, %v", qs, err)
+	}
+	if err := s1.DeleteEmptyQueue(ctx, "a"); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	if err := s2.UpdateQueue(ctx, other); !errors.Is(err, queuecore.ErrNotFound) {
+		t.Fatalf("update of a deleted queue = %v, want ErrNotFound", err)
+	}
+	if qs, err := s1.Queues(ctx); err != nil || len(qs) != 0 {
+		t.Fatalf("an update brought a deleted queue back: %+v, %v", qs, err)
 	}
 }

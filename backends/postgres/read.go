@@ -74,6 +74,7 @@ func (s *Store) Queues(ctx context.Context) ([]queuecore.QueueInfo, error) {
 // Lookup finds a queue's live (or archived) message by name.
 func (s *Store) Lookup(ctx context.Context, queue, name string, archived bool) (queuecore.Message, error) {
 	m, err := s.lookup(ctx, queue, name, archived)
+	s.noteOutage(err)
 	if err != nil {
 		where := "live"
 		if archived {
@@ -156,6 +157,7 @@ func (s *Store) List(ctx context.Context, queue string, state queuecore.State, f
 	limit := listFirstChunk
 	for {
 		ms, err := s.listChunk(ctx, queue, state, last, limit)
+		s.noteOutage(err)
 		if err != nil {
 			return fmt.Errorf("list %s/%s: %w", queue, state, err)
 		}

@@ -58,11 +58,16 @@ func storeNames(schema string) (channel string, dutyKey int64) {
 //     few with a deadline): Due and NextDue are a range scan of it.
 //   - rev is the revision that SharedStore checks on update and delete.
 //   - yirangmq_meta.next_id is the next ID ReserveIDs hands out. MaxID
-//     must not go back when the message holding the largest ID or Seq is
+//     must not go back when the message holding the largest ID is
 //     deleted: the trigger raises next_id past it, to the end of a block
 //     of 1024 so that it writes the row once per 1024 IDs at most (in a
 //     shared store, where IDs come from ReserveIDs, next_id is already
-//     past them and the trigger writes nothing).
+//     past them and the trigger writes nothing). Seqs are kept the same
+//     way only in plain mode (the Store contract of the conformance
+//     suite, which sets yirangmq.keep_seq in its transactions): a shared
+//     store's Seqs are times in nanoseconds, which would push next_id, and
+//     so the IDs and the inode numbers made of them, along with the clock,
+//     and write the row at every delete.
 //   - yirangmq_missing raises the error of an update or delete that found
 //     no row: YQ409 if the message exists (another revision), YQ404 if not.
 //     It runs only when the row is missing, so that the common case costs
@@ -119,7 +124,8 @@ CREATE INDEX IF NOT EXISTS yirangmq_messages_due ON yirangmq_messages (deadline,
 
 CREATE OR REPLACE FUNCTION yirangmq_keep_max() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
-	v bigint := greatest(OLD.id, OLD.seq);
+	v bigint := CASE WHEN current_setting('yirangmq.keep_seq', true) = 'on'
+		THEN greatest(OLD.id, OLD.seq) ELSE OLD.id END;
 BEGIN
 	IF v >= (SELECT next_id FROM yirangmq_meta) THEN
 		UPDATE yirangmq_meta SET next_id = greatest(next_id, least(v | 1023, 9223372036854775806) + 1);

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"yirangmq/backends"
@@ -67,10 +68,19 @@ type Store struct {
 	subs  []func(queuecore.Change)
 
 	duty atomic.Bool
+	down atomic.Bool // the last call failed to reach the database (noteOutage)
 
 	stop      context.CancelFunc // stops the listener and duty goroutines
 	wg        sync.WaitGroup
 	closeOnce sync.Once
+}
+
+// sessionSettings are set on every connection of the pool (see Open).
+var sessionSettings = map[string]string{
+	"idle_in_transaction_session_timeout": "15s",
+	"tcp_keepalives_idle":                 "5",
+	"tcp_keepalives_interval":             "2",
+	"tcp_keepalives_count":                "3",
 }
 
 // Open connects to the database at url (a postgres:// URL or a key=value
@@ -92,6 +102,16 @@ func Open(ctx context.Context, url string, opts backends.Options) (*Store, error
 	cc.RuntimeParams["synchronous_commit"] = "on"
 	if opts.Sync == queuecore.SyncOff {
 		cc.RuntimeParams["synchronous_commit"] = "off"
+	}
+	// A daemon cut off in the middle of a transaction (LeaseNext holds a
+	// row lock between its two round trips) must not keep its locks until
+	// the server's TCP keepalive notices, hours later by default: the
+	// server ends a session idle in a transaction for 15 s, and probes a
+	// silent peer after 5 s. Set unless the URL sets them.
+	for k, v := range sessionSettings {
+		if _, ok := cc.RuntimeParams[k]; !ok {
+			cc.RuntimeParams[k] = v
+		}
 	}
 	if _, ok := cc.RuntimeParams["application_name"]; !ok {
 		name := "yirangmq"
@@ -233,4 +253,40 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n]
+}
+
+// noteOutage logs, once per outage, that the database cannot be reached
+// (every operation through the mount fails with EIO meanwhile), and when
+// it can again. err is the result of a call; a refusal by a live server
+// (a conflict, a missing row) says nothing either way.
+func (s *Store) noteOutage(err error) {
+	if err != nil && !unreachable(err) {
+		return
+	}
+	down := err != nil
+	if s.down.Swap(down) == down {
+		return
+	}
+	if down {
+		s.log.Error("database unreachable: operations through the mount fail with EIO until it is back", logErr, err)
+	} else {
+		s.log.Info("database reachable again")
+	}
+}
+
+// unreachable reports whether err says that the database could not be
+// reached or went away, rather than refused a statement.
+func unreachable(err error) bool {
+	for _, sentinel := range []error{queuecore.ErrNotFound, queuecore.ErrExists, queuecore.ErrEmpty, queuecore.ErrNotEmpty, errClosed} {
+		if errors.Is(err, sentinel) {
+			return false
+		}
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		// admin_shutdown, crash_shutdown, cannot_connect_now: a server
+		// going down or starting.
+		return pgErr.Code == "57P01" || pgErr.Code == "57P02" || pgErr.Code == "57P03"
+	}
+	return true
 }

@@ -22,6 +22,15 @@ const (
 	ON CONFLICT (name) DO UPDATE SET policy = excluded.policy, uid = excluded.uid,
 	gid = excluded.gid, mode = excluded.mode RETURNING 1)
 	SELECT pg_notify($7, $8) FROM q`
+	// sqlCreateQueue and sqlUpdateQueue return one row when they wrote
+	// the queue's row (and notify only then). created_at ($6) is kept by
+	// an update.
+	sqlCreateQueue = `WITH q AS (INSERT INTO yirangmq_queues (name, policy, uid, gid, mode, created_at)
+	VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (name) DO NOTHING RETURNING 1)
+	SELECT pg_notify($7, $8) FROM q`
+	sqlUpdateQueue = `WITH q AS (UPDATE yirangmq_queues SET policy = $2, uid = $3, gid = $4, mode = $5
+	WHERE name = $1 AND $6::bigint IS NOT NULL RETURNING 1)
+	SELECT pg_notify($7, $8) FROM q`
 	// sqlDeleteQueue returns one row if the queue was there, none if not
 	// (and then notifies nothing). The messages go with it (ON DELETE
 	// CASCADE), in the same transaction.
@@ -30,6 +39,9 @@ const (
 	// sqlReserve hands out the block [next_id, next_id+n) and never one
 	// below an ID in the table (given to Apply by a caller that did not
 	// reserve it).
+	// sqlKeepSeq makes the delete trigger of this transaction keep the
+	// largest Seq too, for MaxID (plain mode only; see schema.go).
+	sqlKeepSeq = `SELECT set_config('yirangmq.keep_seq', 'on', true)`
 	sqlReserve = `UPDATE yirangmq_meta SET next_id = greatest(next_id,
 	(SELECT coalesce(max(id), 0) + 1 FROM yirangmq_messages)) + $1 RETURNING next_id - $1`
 	sqlLeaseSelect = `SELECT ` + msgCols + ` FROM yirangmq_messages
@@ -51,7 +63,48 @@ func (s *Store) Apply(ctx context.Context, ops []queuecore.Op) error {
 	if len(ops) == 0 {
 		return nil
 	}
+	// Check the ops once, then build the batch anew for every try: pgx
+	// keeps what it prepared on the batch's statements, which another
+	// connection of the pool does not have.
+	for i := range ops {
+		if k := ops[i].Kind; k != queuecore.OpInsert && k != queuecore.OpUpdate && k != queuecore.OpDelete {
+			return fmt.Errorf("apply: op %d: unknown kind %d", i, k)
+		}
+	}
+
+	done, err := s.enter()
+	if err != nil {
+		return fmt.Errorf("apply: %w", err)
+	}
+	defer done()
+	ctx, cancel := writeCtx(ctx)
+	defer cancel()
+	var failed int
+	err = retry(func() error {
+		failed, err = execBatch(ctx, s.pool, s.applyBatch(ops))
+		return err
+	})
+	s.noteOutage(err)
+	if err == nil {
+		return nil
+	}
+	if s.plain && failed >= 0 {
+		failed-- // the batch's first statement is sqlKeepSeq
+	}
+	if failed >= 0 && failed < len(ops) {
+		return fmt.Errorf("apply: %s: %w", describeOp(&ops[failed]), opError(&ops[failed], err))
+	}
+	return fmt.Errorf("apply batch of %d ops: %w", len(ops), err)
+}
+
+// applyBatch is the batch of an Apply: its statements, in order, then the
+// notification (and, in plain mode, first the setting that makes the
+// delete trigger keep Seqs too).
+func (s *Store) applyBatch(ops []queuecore.Op) *pgx.Batch {
 	b := &pgx.Batch{}
+	if s.plain {
+		b.Queue(sqlKeepSeq)
+	}
 	changes := make([]queuecore.Change, 0, len(ops))
 	for i := range ops {
 		op := &ops[i]
@@ -72,31 +125,10 @@ func (s *Store) Apply(ctx context.Context, ops []queuecore.Op) error {
 			check, _ := s.revisions(m.Rev)
 			b.Queue(sqlDelete, int64(m.ID), check)
 			changes = append(changes, queuecore.Change{Queue: m.Queue, Name: m.Name, From: op.From})
-		default:
-			return fmt.Errorf("apply: op %d: unknown kind %d", i, op.Kind)
 		}
 	}
 	b.Queue(sqlNotify, s.channel, s.payload(changes))
-
-	done, err := s.enter()
-	if err != nil {
-		return fmt.Errorf("apply: %w", err)
-	}
-	defer done()
-	ctx, cancel := writeCtx(ctx)
-	defer cancel()
-	var failed int
-	err = retry(func() error {
-		failed, err = execBatch(ctx, s.pool, b)
-		return err
-	})
-	if err == nil {
-		return nil
-	}
-	if failed >= 0 && failed < len(ops) {
-		return fmt.Errorf("apply: %s: %w", describeOp(&ops[failed]), opError(&ops[failed], err))
-	}
-	return fmt.Errorf("apply batch of %d ops: %w", len(ops), err)
+	return b
 }
 
 // revisions returns the revision an update or delete of a message at rev
@@ -219,6 +251,47 @@ func (s *Store) PutQueue(ctx context.Context, q queuecore.QueueInfo) error {
 	})
 	if err != nil {
 		return fmt.Errorf("put queue %q: %w", q.Name, err)
+	}
+	return nil
+}
+
+// CreateQueue creates a queue that must not exist yet (ErrExists).
+func (s *Store) CreateQueue(ctx context.Context, q queuecore.QueueInfo) error {
+	return s.queueWrite(ctx, "create", sqlCreateQueue, q, queuecore.ErrExists)
+}
+
+// UpdateQueue replaces the policy and permissions of an existing queue
+// (ErrNotFound when there is none).
+func (s *Store) UpdateQueue(ctx context.Context, q queuecore.QueueInfo) error {
+	return s.queueWrite(ctx, "update", sqlUpdateQueue, q, queuecore.ErrNotFound)
+}
+
+// queueWrite runs sql, an insert or update of one queue's row that
+// notifies when it wrote it; none is the error when it wrote nothing.
+func (s *Store) queueWrite(ctx context.Context, what, sql string, q queuecore.QueueInfo, none error) error {
+	done, err := s.enter()
+	if err != nil {
+		return fmt.Errorf("%s queue %q: %w", what, q.Name, err)
+	}
+	defer done()
+	ctx, cancel := writeCtx(ctx)
+	defer cancel()
+	policy := q.Policy
+	if policy == nil {
+		policy = []byte{}
+	}
+	payload := s.payload([]queuecore.Change{{Queue: q.Name}})
+	var tag pgconn.CommandTag
+	err = retry(func() (err error) {
+		tag, err = s.pool.Exec(ctx, sql, q.Name, policy, int64(q.UID), int64(q.GID), int64(q.Mode), nanos(q.CreatedAt), s.channel, payload)
+		return err
+	})
+	s.noteOutage(err)
+	if err == nil && tag.RowsAffected() == 0 {
+		err = none
+	}
+	if err != nil {
+		return fmt.Errorf("%s queue %q: %w", what, q.Name, err)
 	}
 	return nil
 }
@@ -346,6 +419,7 @@ func (s *Store) LeaseNext(ctx context.Context, queue string, skip []string, chan
 	if errors.As(err, &nr) {
 		err = nr.err
 	}
+	s.noteOutage(err)
 	if err != nil {
 		return queuecore.Message{}, fmt.Errorf("lease next of %s: %w", queue, err)
 	}
