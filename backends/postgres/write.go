@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -84,6 +85,13 @@ func (s *Store) Apply(ctx context.Context, ops []queuecore.Op) error {
 		failed, err = execBatch(ctx, s.pool, s.applyBatch(ops))
 		return err
 	})
+	if err != nil && failed < 0 && !pgconn.SafeToRetry(err) && s.committed(ops) {
+		// The connection broke after the batch reached the server, and
+		// its first insert is there: the batch committed (it is one
+		// transaction, and that ID was this daemon's alone).
+		s.log.Warn("apply: the answer was lost but the batch committed", logErr, err)
+		err = nil
+	}
 	s.noteOutage(err)
 	if err == nil {
 		return nil
@@ -95,6 +103,22 @@ func (s *Store) Apply(ctx context.Context, ops []queuecore.Op) error {
 		return fmt.Errorf("apply: %s: %w", describeOp(&ops[failed]), opError(&ops[failed], err))
 	}
 	return fmt.Errorf("apply batch of %d ops: %w", len(ops), err)
+}
+
+// committed tells, after a batch whose outcome is unknown, whether it
+// committed, when it can: only a batch that inserts a message can be told
+// (the ID is reserved for it: if that row exists, the batch committed).
+// Anything else, or no answer now, is "no".
+func (s *Store) committed(ops []queuecore.Op) bool {
+	i := slices.IndexFunc(ops, func(op queuecore.Op) bool { return op.Kind == queuecore.OpInsert })
+	if i < 0 {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	var found bool
+	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM yirangmq_messages WHERE id = $1)`, int64(ops[i].Msg.ID)).Scan(&found)
+	return err == nil && found
 }
 
 // applyBatch is the batch of an Apply: its statements, in order, then the
