@@ -14,8 +14,11 @@ import (
 // SQLite reports ENOSPC and EDQUOT from write(2) as SQLITE_FULL with no
 // system errno: without this a full disk was a bare EIO.
 func withErrno(err error) error {
+	if err == nil {
+		return nil // before se, which escapes: no allocation per commit
+	}
 	var se sqlite3.Error
-	if err == nil || !errors.As(err, &se) {
+	if !errors.As(err, &se) {
 		return err
 	}
 	switch {

@@ -218,6 +218,9 @@ func openConn(path string, o connOptions) (*sqlite3.SQLiteConn, error) {
 	q := url.Values{"_mutex": {"no"}, "_busy_timeout": {fmt.Sprint(busyTimeout.Milliseconds())}}
 	if o.vfs != "" {
 		q.Set("vfs", o.vfs)
+		if o.writer {
+			q.Set(writerParam, "1") // keeps the WAL write lock (vfs.go)
+		}
 	}
 	u := url.URL{Scheme: "file", Path: path, RawQuery: q.Encode()}
 	dc, err := (&sqlite3.SQLiteDriver{}).Open(u.String())

@@ -267,6 +267,12 @@ func TestGroupCommitFailure(t *testing.T) {
 		{insert(14, "nope", "d"), queuecore.ErrNotFound},
 		{[]queuecore.Op{{Kind: queuecore.OpDelete, Msg: queuecore.Message{ID: 99}}}, queuecore.ErrNotFound},
 		{twoOps(insert(15, "q", "e"), insert(16, "q", "f")), nil},
+		// Batches of one statement have no savepoint: SQLite undoes the
+		// failing statement alone, and the group goes on.
+		{insert(17, "q", "taken"), queuecore.ErrExists},
+		{[]queuecore.Op{{Kind: queuecore.OpUpdate, Msg: message(10, "q", "taken")}}, queuecore.ErrExists},
+		{[]queuecore.Op{{Kind: queuecore.OpUpdate, Msg: message(13, "q", "c2")}}, nil},
+		{[]queuecore.Op{{Kind: queuecore.OpUpdate, Msg: message(98, "q", "g")}}, queuecore.ErrNotFound},
 	}
 	errs := make([]error, len(calls))
 	var wg sync.WaitGroup
@@ -286,7 +292,7 @@ func TestGroupCommitFailure(t *testing.T) {
 	if got := commits.Load(); got != 1 {
 		t.Errorf("group took %d commits, want 1", got)
 	}
-	for name, want := range map[string]bool{"a": true, "b": false, "c": true, "d": false, "e": true, "f": true, "taken": true} {
+	for name, want := range map[string]bool{"a": true, "b": false, "c": false, "c2": true, "d": false, "e": true, "f": true, "g": false, "taken": true} {
 		m, err := s.Lookup(ctx, "q", name, false)
 		switch {
 		case want && err != nil:
@@ -297,6 +303,9 @@ func TestGroupCommitFailure(t *testing.T) {
 	}
 	if _, err := s.Body(ctx, 11); !errors.Is(err, queuecore.ErrNotFound) {
 		t.Errorf("Body(11) of the failed batch: %v, want ErrNotFound", err)
+	}
+	if m, err := s.Lookup(ctx, "q", "taken", false); err != nil || m.ID != 1 {
+		t.Errorf("Lookup(taken) = message %d, %v; want message 1", m.ID, err)
 	}
 	// The writer is out of any transaction and takes the next batch.
 	if err := s.Apply(ctx, insert(20, "q", "after")); err != nil {

@@ -79,6 +79,11 @@ struct sqlite3_vfs {
 #define SQLITE_LOCK_NONE 0
 #define SQLITE_LOCK_SHARED 1
 #define SQLITE_SHM_UNLOCK 1
+#define SQLITE_SHM_LOCK 2
+// The wal-index lock that a write transaction holds (WAL_WRITE_LOCK in
+// SQLite's wal.c).
+#define WAL_WRITE_LOCK 0
+#define SQLITE_SHM_EXCLUSIVE 8
 #define SQLITE_IOCAP_POWERSAFE_OVERWRITE 0x00001000
 
 extern sqlite3_vfs *sqlite3_vfs_find(const char *zVfsName);
@@ -89,6 +94,7 @@ extern void *sqlite3_realloc64(void *, unsigned long long);
 extern void sqlite3_free(void *);
 extern const char *sqlite3_create_filename(const char *zDatabase, const char *zJournal, const char *zWal, int nParam, const char **azParam);
 extern void sqlite3_free_filename(const char *);
+extern int sqlite3_uri_boolean(const char *zFile, const char *zParam, int bDefault);
 
 #include "vfs.h"
 
@@ -115,6 +121,13 @@ struct shim_file {
 	sqlite3_int64 buf_off;
 	sqlite3_int64 last_end; // end of the last write, gathered or not
 	int commit_hdr;         // the last write was a commit frame's header
+
+	// Main database of the writer connection only (URI parameter
+	// YIRANGMQ_WRITER_PARAM): the WAL write lock is kept between
+	// transactions (see shim_shm_lock). keep_write: enabled;
+	// write_held: held at the system level; write_taken: SQLite holds
+	// it (between its lock and unlock).
+	int keep_write, write_held, write_taken;
 };
 
 // The registered VFS. SQLite's VFS list is process-wide, so these are
@@ -302,8 +315,35 @@ static int shim_shm_lock(sqlite3_file *f, int ofst, int n, int flags) {
 	if ((flags & SQLITE_SHM_UNLOCK) && p->wal) {
 		frc = flush(p->wal);
 	}
+	if (p->keep_write && ofst == WAL_WRITE_LOCK && n == 1 && (flags & SQLITE_SHM_EXCLUSIVE)) {
+		if (flags & SQLITE_SHM_UNLOCK) {
+			// Kept at the system level (and in the unix VFS's books, as
+			// this connection's): the next transaction takes it again
+			// without two fcntl calls.
+			p->write_taken = 0;
+			return frc;
+		}
+		if (p->write_held) {
+			p->write_taken = 1;
+			return SQLITE_OK;
+		}
+		int rc = p->real->pMethods->xShmLock(p->real, ofst, n, flags);
+		if (rc == SQLITE_OK) {
+			p->write_held = p->write_taken = 1;
+		}
+		return rc;
+	}
 	int rc = p->real->pMethods->xShmLock(p->real, ofst, n, flags);
 	return rc != SQLITE_OK ? rc : frc;
+}
+
+// release_write gives back a WAL write lock kept by shim_shm_lock and not
+// taken by SQLite.
+static void release_write(shim_file *p) {
+	if (p->write_held && !p->write_taken) {
+		p->write_held = 0;
+		(void)p->real->pMethods->xShmLock(p->real, WAL_WRITE_LOCK, 1, SQLITE_SHM_UNLOCK | SQLITE_SHM_EXCLUSIVE);
+	}
 }
 
 static void shim_shm_barrier(sqlite3_file *f) {
@@ -320,6 +360,8 @@ static void shim_shm_barrier(sqlite3_file *f) {
 
 static int shim_shm_unmap(sqlite3_file *f, int delete_flag) {
 	shim_file *p = (shim_file *)f;
+	p->write_taken = 0;
+	release_write(p);
 	return p->real->pMethods->xShmUnmap(p->real, delete_flag);
 }
 
@@ -382,6 +424,9 @@ static int shim_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *f, int fl
 		return SQLITE_CANTOPEN;
 	}
 	p->base.pMethods = &shim_methods;
+	if ((flags & SQLITE_OPEN_MAIN_DB) && name) {
+		p->keep_write = sqlite3_uri_boolean(name, YIRANGMQ_WRITER_PARAM, 0);
+	}
 	if ((flags & SQLITE_OPEN_WAL) && name) {
 		sqlite3_file *db = sqlite3_database_file_object(name);
 		if (db && db->pMethods == &shim_methods) {

@@ -34,11 +34,26 @@ import (
 //     the WAL, which is what Close wants of every connection but the last
 //     (the anchor is released before the writer closes), and what a
 //     sqlite3 shell opened on a live store should not do either.
+//   - A write transaction takes and drops the wal-index write lock (two
+//     fcntl calls on the -shm file, of the six a commit makes). The
+//     writer's connection (URI parameter writerParam) keeps it at the
+//     system level between its transactions: SQLite's unlock is not
+//     passed on, and its next lock finds it held. Readers, in this
+//     process or another (a sqlite3 shell, its .backup), never need it:
+//     only a writer, a RESTART or TRUNCATE checkpoint, or the recovery
+//     of a torn wal-index header (which a reader retries) take it. So
+//     another process can still read and back the store up while it is
+//     open (TestOnlineBackup), but not write to it: "database is locked".
+//     The lock goes when the connection unmaps the wal-index (Close), or
+//     with the process.
 //
 // The durability of a commit is unchanged: the bytes reach the kernel (and,
 // in SyncFull, the disk) before SQLite reports the commit, in the same
 // order.
 const vfsName = C.YIRANGMQ_VFS_NAME
+
+// writerParam is the URI parameter that marks the writer's connection.
+const writerParam = C.YIRANGMQ_WRITER_PARAM
 
 // registerVFS registers the VFS with SQLite, once per process (SQLite's
 // list of VFSes is process-wide).

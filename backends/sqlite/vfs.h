@@ -2,6 +2,9 @@
 
 #define YIRANGMQ_VFS_NAME "yirangmq"
 
+// The URI parameter that marks the writer connection (vfs.go).
+#define YIRANGMQ_WRITER_PARAM "yirangmq_writer"
+
 typedef struct yirangmq_anchor yirangmq_anchor;
 
 int yirangmq_vfs_register(void);
