@@ -6,8 +6,8 @@ import (
 	"sync"
 )
 
-// nameCacheMax bounds the name cache of one queue; when full it is
-// emptied and fills again.
+// nameCacheMax bounds the name cache of one queue; when full, an entry
+// goes for each new one.
 const nameCacheMax = 8192
 
 // nameCache holds, for some live names of one queue, what the store holds
@@ -42,11 +42,25 @@ func (nc *nameCache) wrote(m Message, gone bool) {
 		return
 	}
 	if _, ok := nc.entries[m.Name]; !ok {
-		if nc.entries == nil || len(nc.entries) >= nameCacheMax {
-			nc.entries = make(map[string]nameEntry)
-		}
+		nc.makeRoom()
 	}
 	nc.entries[m.Name] = nameEntry{m: m, live: true}
+}
+
+// makeRoom drops an entry, any one, when the cache is full: with more
+// live names than it holds, it keeps answering for most of them rather
+// than start from nothing. nc.mu must be held.
+func (nc *nameCache) makeRoom() {
+	if nc.entries == nil {
+		nc.entries = make(map[string]nameEntry)
+	}
+	if len(nc.entries) < nameCacheMax {
+		return
+	}
+	for name := range nc.entries { // Go starts a map's iteration at random
+		delete(nc.entries, name)
+		return
+	}
 }
 
 // forget drops what the cache knows of name, and any read under way.
@@ -79,8 +93,8 @@ func (nc *nameCache) learn(gen uint64, name string, e nameEntry) {
 	if nc.gen != gen {
 		return
 	}
-	if nc.entries == nil || len(nc.entries) >= nameCacheMax {
-		nc.entries = make(map[string]nameEntry)
+	if _, ok := nc.entries[name]; !ok {
+		nc.makeRoom()
 	}
 	nc.entries[name] = e
 }
