@@ -132,9 +132,18 @@ func Open(ctx context.Context, store Store, opts Options) (*Core, error) {
 			p = DefaultPolicy()
 		}
 		q := newQueue(info, p)
+		live := int64(0)
 		for s, n := range counts[info.Name] {
 			if s.Valid() {
 				q.gauges[s] = n
+				if s.Live() {
+					live += n.N
+				}
+			}
+		}
+		if _, shared := store.(SharedStore); !shared {
+			if err := c.loadNames(ctx, q, live); err != nil {
+				return nil, fmt.Errorf("open queue core: %w", err)
 			}
 		}
 		c.queues[info.Name] = q
@@ -281,7 +290,9 @@ func (c *Core) CreateQueue(ctx context.Context, name string, uid, gid, mode uint
 	c.mu.Lock()
 	delete(c.creating, name)
 	if err == nil {
-		c.queues[name] = newQueue(info, p)
+		q := newQueue(info, p)
+		q.names.complete = c.shared == nil // new: it holds no message
+		c.queues[name] = q
 		c.queueGen++
 	}
 	c.mu.Unlock()

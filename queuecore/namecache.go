@@ -21,10 +21,16 @@ const nameCacheMax = 8192
 // dropping its entry), and a read of the store is kept only if no commit
 // of the queue came between the read and its insertion (gen). A store that
 // other daemons share is not cached at all: Core.cached is nil then.
+//
+// When the cache holds every live name of its queue (complete: the queue
+// was small when the core opened it, or new, and no entry has had to go
+// since), a name it does not hold is known to be free, without a read:
+// the publish's LOOKUP of a new name costs nothing then.
 type nameCache struct {
-	mu      sync.Mutex
-	gen     uint64 // bumped by every wrote
-	entries map[string]nameEntry
+	mu       sync.Mutex
+	gen      uint64 // bumped by every wrote
+	entries  map[string]nameEntry
+	complete bool
 }
 
 type nameEntry struct {
@@ -57,10 +63,22 @@ func (nc *nameCache) makeRoom() {
 	if len(nc.entries) < nameCacheMax {
 		return
 	}
+	nc.complete = false
 	for name := range nc.entries { // Go starts a map's iteration at random
 		delete(nc.entries, name)
 		return
 	}
+}
+
+// fill makes the cache hold the live messages ms, all of its queue's.
+func (nc *nameCache) fill(ms []Message) {
+	nc.mu.Lock()
+	defer nc.mu.Unlock()
+	nc.entries = make(map[string]nameEntry, len(ms))
+	for _, m := range ms {
+		nc.entries[m.Name] = nameEntry{m: m, live: true}
+	}
+	nc.complete = len(ms) < nameCacheMax
 }
 
 // forget drops what the cache knows of name, and any read under way.
@@ -69,13 +87,18 @@ func (nc *nameCache) forget(name string) {
 	defer nc.mu.Unlock()
 	nc.gen++
 	delete(nc.entries, name)
+	nc.complete = false // the store may hold name after all
 }
 
-// get returns the entry of name, if there is one.
+// get returns the entry of name, if there is one; a complete cache has
+// one for every name (free when it holds none).
 func (nc *nameCache) get(name string) (nameEntry, bool) {
 	nc.mu.Lock()
 	defer nc.mu.Unlock()
 	e, ok := nc.entries[name]
+	if !ok && nc.complete {
+		return nameEntry{}, true
+	}
 	return e, ok
 }
 
@@ -90,8 +113,8 @@ func (nc *nameCache) generation() uint64 {
 func (nc *nameCache) learn(gen uint64, name string, e nameEntry) {
 	nc.mu.Lock()
 	defer nc.mu.Unlock()
-	if nc.gen != gen {
-		return
+	if nc.gen != gen || nc.complete {
+		return // stale, or nothing to learn
 	}
 	if _, ok := nc.entries[name]; !ok {
 		nc.makeRoom()
@@ -120,4 +143,26 @@ func (c *Core) lookupLive(ctx context.Context, q *queue, name string) (Message, 
 		q.names.learn(gen, name, nameEntry{})
 	}
 	return m, err
+}
+
+// loadNames fills the name cache of a small queue at open, so that it is
+// complete (nameCache). A larger queue's cache fills as it goes.
+func (c *Core) loadNames(ctx context.Context, q *queue, live int64) error {
+	if c.shared != nil || live >= nameCacheMax/2 {
+		return nil
+	}
+	var ms []Message
+	for _, s := range States {
+		if !s.Live() {
+			continue
+		}
+		if err := c.store.List(ctx, q.name, s, func(m Message) bool {
+			ms = append(ms, m)
+			return true
+		}); err != nil {
+			return err
+		}
+	}
+	q.names.fill(ms)
+	return nil
 }

@@ -48,3 +48,33 @@ func TestNameCacheBoundAndGenerations(t *testing.T) {
 		t.Fatalf("a fresh negative read was not kept: %+v %v", e, ok)
 	}
 }
+
+func TestNameCacheComplete(t *testing.T) {
+	var nc nameCache
+	nc.fill([]Message{{Name: "a", State: StateReady}})
+	if e, ok := nc.get("b"); !ok || e.live {
+		t.Fatalf("a complete cache does not know b is free: %+v %v", e, ok)
+	}
+	if e, ok := nc.get("a"); !ok || !e.live {
+		t.Fatalf("a complete cache lost a: %+v %v", e, ok)
+	}
+	nc.wrote(Message{Name: "b", State: StateReady}, false)
+	if e, ok := nc.get("b"); !ok || !e.live {
+		t.Fatalf("b published but not known: %+v %v", e, ok)
+	}
+	nc.forget("b") // a failed commit: b may be in the store or not
+	if _, ok := nc.get("c"); ok {
+		t.Fatal("after forget the cache still claims to know every name")
+	}
+
+	nc.fill(nil)
+	for i := 0; i <= nameCacheMax; i++ {
+		nc.wrote(Message{Name: fmt.Sprintf("m%d", i), State: StateReady}, false)
+	}
+	if nc.complete {
+		t.Fatal("a cache that had to drop an entry still claims to know every name")
+	}
+	if _, ok := nc.get("never-published"); ok {
+		t.Fatal("an incomplete cache answered for a name it does not hold")
+	}
+}
