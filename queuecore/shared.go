@@ -102,8 +102,16 @@ func (c *Core) external(ch Change) {
 			c.log.Warn("reload queues from the shared store", logErr, err)
 		}
 		if ch.Queue == "" {
+			// Hints were lost: any queue may have ready messages now.
 			c.forceCounts()
 			c.sched.kick()
+			c.mu.Lock()
+			for _, q := range c.queues {
+				q.mu.Lock()
+				q.wakeReaders()
+				q.mu.Unlock()
+			}
+			c.mu.Unlock()
 		}
 		return
 	}
