@@ -38,6 +38,7 @@ import (
 	_ "github.com/mattn/go-sqlite3" // registers "sqlite3" for database/sql (the goqite baseline)
 
 	"yirangmq/queuecore"
+	"yirangmq/testenv/goqite"
 )
 
 const (
@@ -273,36 +274,6 @@ func BenchmarkRoundTrip(b *testing.B) {
 	)
 }
 
-// goqiteSchema is goqite's schema (maragudk/goqite schema.sql, before the
-// priority column).
-const goqiteSchema = `
-create table goqite (
-  id text primary key default ('m_' || lower(hex(randomblob(16)))),
-  created text not null default (strftime('%Y-%m-%dT%H:%M:%fZ')),
-  updated text not null default (strftime('%Y-%m-%dT%H:%M:%fZ')),
-  queue text not null,
-  body blob not null,
-  timeout text not null default (strftime('%Y-%m-%dT%H:%M:%fZ')),
-  received integer not null default 0
-) strict;
-
-create trigger goqite_updated_timestamp after update on goqite begin
-  update goqite set updated = strftime('%Y-%m-%dT%H:%M:%fZ') where id = old.id;
-end;
-
-create index goqite_queue_created_idx on goqite (queue, created);
-`
-
-const (
-	goqiteSend    = `insert into goqite (queue, body, timeout) values (?, ?, ?) returning id`
-	goqiteReceive = `update goqite set timeout = ?, received = received + 1
-where id = (select id from goqite where queue = ? and ? >= timeout and received < ? order by created limit 1)
-returning id, body, received`
-	goqiteDelete = `delete from goqite where queue = ? and id = ?`
-	// goqiteTime is goqite's rfc3339Milli.
-	goqiteTime = "2006-01-02T15:04:05.000Z07:00"
-)
-
 // goqiteQuerier is what *sql.DB and *sql.Tx share.
 type goqiteQuerier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
@@ -326,7 +297,7 @@ func goqiteRoundTrip(b *testing.B, inTx bool) result {
 	b.Cleanup(func() { db.Close() })
 	db.SetMaxOpenConns(1)
 	db.SetMaxIdleConns(1)
-	if _, err := db.ExecContext(ctx, goqiteSchema); err != nil {
+	if _, err := db.ExecContext(ctx, goqite.Schema); err != nil {
 		b.Fatal(err)
 	}
 	var syncMode string
@@ -354,7 +325,7 @@ func goqiteRoundTrip(b *testing.B, inTx bool) result {
 	for range b.N {
 		var sent, got string
 		err := run(func(q goqiteQuerier) error {
-			return q.QueryRowContext(ctx, goqiteSend, benchQueue, body, time.Now().Format(goqiteTime)).Scan(&sent)
+			return q.QueryRowContext(ctx, goqite.Send, benchQueue, body, time.Now().Format(goqite.Time)).Scan(&sent)
 		})
 		if err != nil {
 			b.Fatalf("send: %v", err)
@@ -363,8 +334,8 @@ func goqiteRoundTrip(b *testing.B, inTx bool) result {
 			now := time.Now()
 			var gotBody []byte
 			var received int
-			return q.QueryRowContext(ctx, goqiteReceive, now.Add(timeout).Format(goqiteTime), benchQueue,
-				now.Format(goqiteTime), maxReceive).Scan(&got, &gotBody, &received)
+			return q.QueryRowContext(ctx, goqite.Receive, now.Add(timeout).Format(goqite.Time), benchQueue,
+				now.Format(goqite.Time), maxReceive).Scan(&got, &gotBody, &received)
 		})
 		if err != nil {
 			b.Fatalf("receive: %v", err)
@@ -373,7 +344,7 @@ func goqiteRoundTrip(b *testing.B, inTx bool) result {
 			b.Fatalf("received %s, want %s", got, sent)
 		}
 		err = run(func(q goqiteQuerier) error {
-			_, err := q.ExecContext(ctx, goqiteDelete, benchQueue, got)
+			_, err := q.ExecContext(ctx, goqite.Delete, benchQueue, got)
 			return err
 		})
 		if err != nil {

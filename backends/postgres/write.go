@@ -257,89 +257,58 @@ func describeOp(op *queuecore.Op) string {
 // PutQueue creates a queue or replaces its policy and permissions (its
 // creation time stays).
 func (s *Store) PutQueue(ctx context.Context, q queuecore.QueueInfo) error {
-	done, err := s.enter()
-	if err != nil {
-		return fmt.Errorf("put queue %q: %w", q.Name, err)
-	}
-	defer done()
-	ctx, cancel := writeCtx(ctx)
-	defer cancel()
-	policy := q.Policy
-	if policy == nil {
-		policy = []byte{}
-	}
-	payload := s.payload([]queuecore.Change{{Queue: q.Name}})
-	err = retry(func() error {
-		_, err := s.pool.Exec(ctx, sqlPutQueue, q.Name, policy, int64(q.UID), int64(q.GID), int64(q.Mode), nanos(q.CreatedAt), s.channel, payload)
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("put queue %q: %w", q.Name, err)
-	}
-	return nil
+	return s.queueExec(ctx, "put", q.Name, nil, sqlPutQueue, queueArgs(q)...)
 }
 
 // CreateQueue creates a queue that must not exist yet (ErrExists).
 func (s *Store) CreateQueue(ctx context.Context, q queuecore.QueueInfo) error {
-	return s.queueWrite(ctx, "create", sqlCreateQueue, q, queuecore.ErrExists)
+	return s.queueExec(ctx, "create", q.Name, queuecore.ErrExists, sqlCreateQueue, queueArgs(q)...)
 }
 
 // UpdateQueue replaces the policy and permissions of an existing queue
 // (ErrNotFound when there is none).
 func (s *Store) UpdateQueue(ctx context.Context, q queuecore.QueueInfo) error {
-	return s.queueWrite(ctx, "update", sqlUpdateQueue, q, queuecore.ErrNotFound)
-}
-
-// queueWrite runs sql, an insert or update of one queue's row that
-// notifies when it wrote it; none is the error when it wrote nothing.
-func (s *Store) queueWrite(ctx context.Context, what, sql string, q queuecore.QueueInfo, none error) error {
-	done, err := s.enter()
-	if err != nil {
-		return fmt.Errorf("%s queue %q: %w", what, q.Name, err)
-	}
-	defer done()
-	ctx, cancel := writeCtx(ctx)
-	defer cancel()
-	policy := q.Policy
-	if policy == nil {
-		policy = []byte{}
-	}
-	payload := s.payload([]queuecore.Change{{Queue: q.Name}})
-	var tag pgconn.CommandTag
-	err = retry(func() (err error) {
-		tag, err = s.pool.Exec(ctx, sql, q.Name, policy, int64(q.UID), int64(q.GID), int64(q.Mode), nanos(q.CreatedAt), s.channel, payload)
-		return err
-	})
-	s.noteOutage(err)
-	if err == nil && tag.RowsAffected() == 0 {
-		err = none
-	}
-	if err != nil {
-		return fmt.Errorf("%s queue %q: %w", what, q.Name, err)
-	}
-	return nil
+	return s.queueExec(ctx, "update", q.Name, queuecore.ErrNotFound, sqlUpdateQueue, queueArgs(q)...)
 }
 
 // DeleteQueue removes a queue and its messages in one transaction.
 func (s *Store) DeleteQueue(ctx context.Context, name string) error {
+	return s.queueExec(ctx, "delete", name, queuecore.ErrNotFound, sqlDeleteQueue, name)
+}
+
+// queueArgs are the arguments $1 to $6 of the queue statements.
+func queueArgs(q queuecore.QueueInfo) []any {
+	policy := q.Policy
+	if policy == nil {
+		policy = []byte{} // nil would be NULL
+	}
+	return []any{q.Name, policy, int64(q.UID), int64(q.GID), int64(q.Mode), nanos(q.CreatedAt)}
+}
+
+// queueExec runs sql, a statement on one queue's row that returns a row
+// (and notifies the other daemons) only when it wrote, with args followed
+// by the notification's channel and payload. none, when not nil, is the
+// error when it wrote nothing.
+func (s *Store) queueExec(ctx context.Context, what, name string, none error, sql string, args ...any) error {
 	done, err := s.enter()
 	if err != nil {
-		return fmt.Errorf("delete queue %q: %w", name, err)
+		return fmt.Errorf("%s queue %q: %w", what, name, err)
 	}
 	defer done()
 	ctx, cancel := writeCtx(ctx)
 	defer cancel()
-	payload := s.payload([]queuecore.Change{{Queue: name}})
+	args = append(args, s.channel, s.payload([]queuecore.Change{{Queue: name}}))
 	var tag pgconn.CommandTag
 	err = retry(func() (err error) {
-		tag, err = s.pool.Exec(ctx, sqlDeleteQueue, name, s.channel, payload)
+		tag, err = s.pool.Exec(ctx, sql, args...)
 		return err
 	})
-	if err == nil && tag.RowsAffected() == 0 {
-		err = queuecore.ErrNotFound
+	s.noteOutage(err)
+	if err == nil && none != nil && tag.RowsAffected() == 0 {
+		err = none
 	}
 	if err != nil {
-		return fmt.Errorf("delete queue %q: %w", name, err)
+		return fmt.Errorf("%s queue %q: %w", what, name, err)
 	}
 	return nil
 }

@@ -2,9 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"sync"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -25,58 +22,32 @@ const (
 
 func (k floorKind) String() string { return [...]string{"floor-fstat", "floor-stat"}[k] }
 
-// runFloor runs n probes split over clients goroutines.
+// runFloor runs n probes split over clients goroutines, each fstat probe
+// on a descriptor of its client's own.
 func runFloor(ctx context.Context, kind floorKind, path string, n, clients int) (phaseResult, error) {
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	lats := make([]latencies, clients)
-	errs := make([]error, clients)
-	for c := range clients {
-		count := n / clients
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			fd := -1
-			if kind == floorFstat {
-				var err error
-				if fd, err = unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
-					errs[c] = err
-					<-start
-					return
+	fds := make([]int, clients)
+	if kind == floorFstat {
+		for c := range fds {
+			fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				for _, open := range fds[:c] {
+					unix.Close(open)
 				}
-				defer unix.Close(fd)
+				return phaseResult{}, err
 			}
-			lat := make(latencies, 0, count)
-			var st unix.Stat_t
-			<-start
-			for i := range count {
-				if i%256 == 0 && ctx.Err() != nil {
-					errs[c] = ctx.Err()
-					break
-				}
-				t0 := time.Now()
-				var err error
-				if kind == floorFstat {
-					err = unix.Fstat(fd, &st)
-				} else {
-					err = unix.Stat(path, &st)
-				}
-				lat = append(lat, time.Since(t0))
-				if err != nil {
-					errs[c] = err
-					break
-				}
+			fds[c] = fd
+		}
+		defer func() {
+			for _, fd := range fds {
+				unix.Close(fd)
 			}
-			lats[c] = lat
 		}()
 	}
-	t0 := time.Now()
-	close(start)
-	wg.Wait()
-	wall := time.Since(t0)
-	var all latencies
-	for _, l := range lats {
-		all = append(all, l...)
-	}
-	return phaseResult{wall: wall, lat: all}, errors.Join(errs...)
+	return runFuncPhase(ctx, n, clients, func(c, _ int) error {
+		var st unix.Stat_t
+		if kind == floorFstat {
+			return unix.Fstat(fds[c], &st)
+		}
+		return unix.Stat(path, &st)
+	})
 }

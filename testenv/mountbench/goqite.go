@@ -9,6 +9,8 @@ import (
 	"time"
 
 	_ "github.com/mattn/go-sqlite3" // registers "sqlite3" for database/sql
+
+	"yirangmq/testenv/goqite"
 )
 
 // goqiteQueue is the SQLite baseline: a queue kept the way goqite (the
@@ -21,33 +23,7 @@ type goqiteQueue struct {
 	db *sql.DB
 }
 
-// goqiteSchema is goqite's schema (schema.sql, before the priority column).
-const goqiteSchema = `
-create table goqite (
-  id text primary key default ('m_' || lower(hex(randomblob(16)))),
-  created text not null default (strftime('%Y-%m-%dT%H:%M:%fZ')),
-  updated text not null default (strftime('%Y-%m-%dT%H:%M:%fZ')),
-  queue text not null,
-  body blob not null,
-  timeout text not null default (strftime('%Y-%m-%dT%H:%M:%fZ')),
-  received integer not null default 0
-) strict;
-
-create trigger goqite_updated_timestamp after update on goqite begin
-  update goqite set updated = strftime('%Y-%m-%dT%H:%M:%fZ') where id = old.id;
-end;
-
-create index goqite_queue_created_idx on goqite (queue, created);
-`
-
 const (
-	goqiteSendSQL    = `insert into goqite (queue, body, timeout) values (?, ?, ?) returning id`
-	goqiteReceiveSQL = `update goqite set timeout = ?, received = received + 1
-where id = (select id from goqite where queue = ? and ? >= timeout and received < ? order by created limit 1)
-returning id, body, received`
-	goqiteDeleteSQL = `delete from goqite where queue = ? and id = ?`
-	// goqiteTime is goqite's rfc3339Milli.
-	goqiteTime       = "2006-01-02T15:04:05.000Z07:00"
 	goqiteQueueName  = "bench"
 	goqiteTimeout    = 5 * time.Minute // longer than any phase: nothing is received twice
 	goqiteMaxReceive = 3
@@ -65,7 +41,7 @@ func openGoqite(ctx context.Context, dir string) (*goqiteQueue, error) {
 	}
 	db.SetMaxOpenConns(1)
 	db.SetMaxIdleConns(1)
-	if _, err := db.ExecContext(ctx, goqiteSchema); err != nil {
+	if _, err := db.ExecContext(ctx, goqite.Schema); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("goqite schema: %w", err)
 	}
@@ -96,7 +72,7 @@ func (g *goqiteQueue) inTx(ctx context.Context, f func(tx *sql.Tx) error) error 
 func (g *goqiteQueue) send(ctx context.Context, body []byte) (string, error) {
 	var id string
 	err := g.inTx(ctx, func(tx *sql.Tx) error {
-		return tx.QueryRowContext(ctx, goqiteSendSQL, goqiteQueueName, body, time.Now().Format(goqiteTime)).Scan(&id)
+		return tx.QueryRowContext(ctx, goqite.Send, goqiteQueueName, body, time.Now().Format(goqite.Time)).Scan(&id)
 	})
 	return id, err
 }
@@ -108,8 +84,8 @@ func (g *goqiteQueue) receive(ctx context.Context) (string, error) {
 		now := time.Now()
 		var body []byte
 		var received int
-		return tx.QueryRowContext(ctx, goqiteReceiveSQL, now.Add(goqiteTimeout).Format(goqiteTime), goqiteQueueName,
-			now.Format(goqiteTime), goqiteMaxReceive).Scan(&id, &body, &received)
+		return tx.QueryRowContext(ctx, goqite.Receive, now.Add(goqiteTimeout).Format(goqite.Time), goqiteQueueName,
+			now.Format(goqite.Time), goqiteMaxReceive).Scan(&id, &body, &received)
 	})
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", errGoqiteEmpty
@@ -120,7 +96,7 @@ func (g *goqiteQueue) receive(ctx context.Context) (string, error) {
 // delete acks a received message.
 func (g *goqiteQueue) delete(ctx context.Context, id string) error {
 	return g.inTx(ctx, func(tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, goqiteDeleteSQL, goqiteQueueName, id)
+		_, err := tx.ExecContext(ctx, goqite.Delete, goqiteQueueName, id)
 		return err
 	})
 }

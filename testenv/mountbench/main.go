@@ -103,25 +103,14 @@ func main() {
 		fmt.Fprintln(os.Stderr, "mountbench:", err)
 		os.Exit(2)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	var interrupted atomic.Bool
-	go func() {
-		for s := range sigs {
-			fmt.Fprintf(os.Stderr, "mountbench: %v: stopping and cleaning up\n", s)
-			interrupted.Store(true)
-			cancel()
-		}
-	}()
+	ctx, interrupted, stop := interruptible("mountbench")
 	b := &bench{cfg: cfg, log: os.Stderr}
 	err := b.run(ctx)
 	if err != nil && b.current != nil && !interrupted.Load() {
 		fmt.Fprintf(os.Stderr, "mountbench: the last lines of the daemon's log (%s):\n%s\n", b.current.logPath, b.current.tail(3000))
 	}
 	b.cleanup()
-	signal.Stop(sigs)
-	cancel()
+	stop()
 	switch {
 	case interrupted.Load():
 		fmt.Fprintln(os.Stderr, "mountbench: interrupted; cleaned up")
@@ -736,4 +725,25 @@ func (b *bench) runTraceMount(ctx context.Context) error {
 		b.traceReq[phase] = byOp
 	}
 	return nil
+}
+
+// interruptible returns a context that SIGINT and SIGTERM cancel, whether
+// one of them came (name prefixes the line that says so), and the function
+// that stops listening for them once the run has cleaned up.
+func interruptible(name string) (context.Context, *atomic.Bool, func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	interrupted := new(atomic.Bool)
+	go func() {
+		for sg := range sigs {
+			fmt.Fprintf(os.Stderr, "%s: %v: stopping and cleaning up\n", name, sg)
+			interrupted.Store(true)
+			cancel()
+		}
+	}()
+	return ctx, interrupted, func() {
+		signal.Stop(sigs)
+		cancel()
+	}
 }

@@ -32,13 +32,11 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -130,25 +128,14 @@ func suiteMain(args []string) int {
 		return 2
 	}
 
-	ctx, cancel := context.WithCancel(context.Background())
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	var interrupted atomic.Bool
-	go func() {
-		for sg := range sigs {
-			fmt.Fprintf(os.Stderr, "mountbench suite: %v: stopping and cleaning up\n", sg)
-			interrupted.Store(true)
-			cancel()
-		}
-	}()
+	ctx, interrupted, stop := interruptible("mountbench suite")
 	s := newSuite(cfg, os.Stderr)
 	err := s.run(ctx)
 	if err != nil && s.b.current != nil && !interrupted.Load() {
 		fmt.Fprintf(os.Stderr, "mountbench suite: the last lines of the last daemon's log (%s):\n%s\n", s.b.current.logPath, s.b.current.tail(3000))
 	}
 	s.b.cleanup()
-	signal.Stop(sigs)
-	cancel()
+	stop()
 	switch {
 	case interrupted.Load():
 		fmt.Fprintln(os.Stderr, "mountbench suite: interrupted; cleaned up")
