@@ -51,13 +51,16 @@ BENCHTIME ?= 1s
 bench-go:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) -timeout 60m ./queuecore/ ./backends/...
 
-# The kill -9 torture through the mount and the power-cut run, per store,
-# for as long as asked (make torture DURATION=30m); prints each checker's
-# summary. make test runs both briefly (20 kills and 20 cuts per store).
-DURATION ?= 5m
+# The kill -9 torture through the mount, per store (sqlite, fs, and two
+# daemons on one PostgreSQL database with the duty holder killed), KILLS
+# kills each (default 100), or for DURATION each when given; then the
+# power-cut run (DURATION, default 5m). Prints each checker's summary:
+# kills, stuck daemons, stuck clients, lost, duplicates, restart times.
+# make test runs both briefly (20 kills and 20 cuts per store).
+KILLS ?= 100
 torture: build
-	$(GO) test -count=1 -timeout 0 -v -run '^TestKillNineTorture$$' ./testenv/torture -duration $(DURATION) -syncs full 2>&1 | grep -E 'lost|kill phase|^(ok|FAIL|---)'
-	$(GO) test -count=1 -timeout 0 -v -run '^TestPowerCutFullSync$$' ./testenv/powercut -duration $(DURATION) 2>&1 | grep -E 'power cuts|^(ok|FAIL|---)'
+	$(GO) test -count=1 -timeout 0 -v -run '^TestKillNineTorture(Shared)?$$' ./testenv/torture -kills $(KILLS) -syncs full $(if $(DURATION),-duration $(DURATION)) 2>&1 | grep -E 'lost|kill phase|stuck|exit after|blocked|still there|^(ok|FAIL|---)'
+	$(GO) test -count=1 -timeout 0 -v -run '^TestPowerCutFullSync$$' ./testenv/powercut -duration $(or $(DURATION),5m) 2>&1 | grep -E 'power cuts|^(ok|FAIL|---)'
 
 # Issue 3's benchmark through a real mount (about 2 minutes, as root).
 mount-bench: build

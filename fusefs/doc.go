@@ -10,9 +10,11 @@
 //     to another process). See pending.go.
 //   - Pseudo-files (.stats, .policy, .next, .metrics) use direct I/O so
 //     every read reaches the daemon.
-//   - When the daemon moves a message by itself (expiry, backoff, retention,
-//     fanout) the kernel is told with entry invalidations, sent from one
-//     goroutine outside every request handler and lock.
+//   - The daemon never sends an entry invalidation and never calls into its
+//     own mount (mount.go): either can keep a killed daemon from exiting and
+//     wedge the mount. Missing names are not cached, created names are not
+//     cached, other names briefly; every operation is checked again by the
+//     daemon (placements.go). See docs/fusefs.md.
 //   - A blocked .next read returns EINTR when the reader gets a signal, and
 //     takes no lease.
 package fusefs

@@ -22,10 +22,13 @@ type Options struct {
 	// AllowOther lets other users use the mount; the kernel then checks
 	// permissions (default_permissions).
 	AllowOther bool
-	// EntryTimeout and AttrTimeout are how long the kernel may cache
-	// names and attributes. Every change the daemon makes by itself is
-	// invalidated explicitly, so caching is safe; see docs/fusefs.md for
-	// the measurement behind the default.
+	// EntryTimeout and AttrTimeout are how long the kernel may cache a
+	// name it found and the attributes of a file. The daemon never sends
+	// the kernel an entry invalidation (one can wedge a killed daemon, see
+	// docs/fusefs.md), so a move the daemon makes by itself (a .next lease,
+	// an expiry, the end of a backoff, retention) shows in stat(2) within
+	// this time, and every operation is checked again by the daemon.
+	// Names found missing are never cached.
 	EntryTimeout, AttrTimeout time.Duration
 	// MaxNextReaders caps the .next reads blocked at once; past it a read
 	// fails with EBUSY.
@@ -48,8 +51,8 @@ func DefaultOptions() Options {
 	}
 }
 
-// FS is a mounted (or mountable) filesystem of queues. It is also the
-// core's Notifier: build it first, give it to queuecore.Open, then Mount.
+// FS is a mounted (or mountable) filesystem of queues: build it, open the
+// core, then Mount.
 type FS struct {
 	opts Options
 	log  *slog.Logger
@@ -58,7 +61,6 @@ type FS struct {
 	uid  uint32 // the mounting user, owner of the root
 	gid  uint32
 
-	events      chan queuecore.Event
 	nextReaders atomic.Int64
 
 	mu      sync.Mutex
@@ -66,6 +68,7 @@ type FS struct {
 	pending map[pendingKey]*msgNode // files in inbox/ not yet committed, and drafts
 
 	placements placements // where the kernel last saw each message
+	successors successors // new messages that renames made of old inodes
 	leasers    leasers    // who leases: /proc read once per thread (proc.go)
 
 	started time.Time
@@ -74,8 +77,6 @@ type FS struct {
 }
 
 type pendingKey struct{ queue, name string }
-
-var _ queuecore.Notifier = (*FS)(nil)
 
 // New returns an FS; call Mount once the core is open.
 func New(opts Options) *FS {
@@ -95,30 +96,28 @@ func New(opts Options) *FS {
 	f := &FS{
 		opts: opts, log: opts.Logger,
 		uid: uint32(os.Getuid()), gid: uint32(os.Getgid()),
-		events:  make(chan queuecore.Event, 4096),
 		queueNo: map[string]uint32{},
 		pending: map[pendingKey]*msgNode{},
 		done:    make(chan struct{}),
 		started: time.Now(),
 	}
+	f.successors.ttl = 2*max(opts.EntryTimeout, opts.AttrTimeout) + time.Second
 	f.root = &rootNode{fsys: f}
 	return f
 }
 
 // Mount serves core at mountpoint. The returned server is running; call
-// Unmount (or server.Unmount) to stop.
-func (f *FS) Mount(core *queuecore.Core, mountpoint string) (*fuse.Server, error) {
+// its Unmount to stop.
+func (f *FS) Mount(core *queuecore.Core, mountpoint string) (*Server, error) {
 	f.core = core
-	entry, attr := f.opts.EntryTimeout, f.opts.AttrTimeout
+	entry, attr, negative := f.opts.EntryTimeout, f.opts.AttrTimeout, time.Duration(0)
 	mo := fuse.MountOptions{
-		FsName:           f.opts.FsName,
-		Name:             "yirangmq",
-		AllowOther:       f.opts.AllowOther,
-		DirectMount:      true,
-		DirectMountFlags: syscall.MS_NODEV | syscall.MS_NOSUID | syscall.MS_NOEXEC,
-		Options:          []string{"nodev", "nosuid", "noexec"},
-		Debug:            f.opts.Debug,
-		MaxBackground:    64,
+		FsName:        f.opts.FsName,
+		Name:          "yirangmq",
+		AllowOther:    f.opts.AllowOther,
+		Debug:         f.opts.Debug,
+		MaxBackground: 64,
+		MaxWrite:      maxWrite,
 		// A bug in a handler must not take the queues down: log it with
 		// its stack and answer that request with EIO.
 		PanicHandler: func(r any) fuse.Status {
@@ -126,25 +125,20 @@ func (f *FS) Mount(core *queuecore.Core, mountpoint string) (*fuse.Server, error
 			return fuse.EIO
 		},
 	}
-	if f.opts.AllowOther {
-		mo.Options = append(mo.Options, "default_permissions")
-	}
-	server, err := fs.Mount(mountpoint, f.root, &fs.Options{
-		MountOptions:    mo,
-		EntryTimeout:    &entry,
-		AttrTimeout:     &attr,
-		NegativeTimeout: &entry,
+	return mountServer(mountpoint, f.root, mo, &fs.Options{
+		EntryTimeout: &entry,
+		AttrTimeout:  &attr,
+		// A name found missing is never cached: the daemon may create it
+		// by itself a moment later (a .next lease puts processing/NAME in
+		// place), and it cannot tell the kernel (see Options).
+		NegativeTimeout: &negative,
 		RootStableAttr:  &fs.StableAttr{Ino: inoRoot},
 		UID:             f.uid,
 		GID:             f.gid,
+	}, func() {
+		f.wg.Add(1)
+		go f.sweepDrafts()
 	})
-	if err != nil {
-		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
-	}
-	f.wg.Add(2)
-	go f.sendInvalidations()
-	go f.sweepDrafts()
-	return server, nil
 }
 
 // Stop ends the FS's goroutines; call after the server has unmounted.
@@ -194,77 +188,6 @@ func (f *FS) queueIno(queue string, k uint32) uint64 {
 
 func msgIno(id uint64) uint64 { return inoMsgBase + id%inoMsgSpan }
 
-// Notify takes the core's events; those the kernel did not see happen (the
-// daemon's own moves) become entry invalidations. A move of an existing
-// message by the scheduler (expiry, end of backoff, retention) is
-// invalidated right here, on the scheduler's goroutine, which holds no
-// lock and no claim, so `ls` and `stat` see it as soon as the store does.
-// New messages made as a side effect (fanout copies, a forward's target)
-// are invalidated from the notifier goroutine: they may come from inside
-// a rename, whose directories the kernel keeps locked until we answer.
-func (f *FS) Notify(e queuecore.Event) {
-	switch {
-	case !e.ByDaemon:
-	case e.Name == "" || e.Remote:
-		// Another daemon of a shared store moved it: tell the kernel off
-		// the hint's goroutine, which must not wait for a directory lock.
-		f.queueInvalidation(e)
-	case e.From != 0:
-		f.invalidate(e.Queue, e.From, e.Name)
-		f.invalidate(e.Queue, e.To, e.Name)
-	default:
-		f.queueInvalidation(e)
-	}
-}
-
-func (f *FS) queueInvalidation(e queuecore.Event) {
-	select {
-	case f.events <- e:
-	default:
-		f.log.Warn("kernel invalidation queue full: an entry may look stale for up to the entry timeout",
-			"queue", e.Queue, "name", e.Name)
-	}
-}
-
-// sendInvalidations tells the kernel about moved messages. It runs on its
-// own goroutine: a notification written from inside a request handler of
-// the same directory can deadlock the kernel.
-func (f *FS) sendInvalidations() {
-	defer f.wg.Done()
-	for {
-		select {
-		case e := <-f.events:
-			if e.Name == "" {
-				if errno := f.root.NotifyEntry(e.Queue); errno != 0 && errno != syscall.ENOENT {
-					f.log.Debug("entry invalidation failed", "queue", e.Queue, "errno", errno)
-				}
-				continue
-			}
-			f.invalidate(e.Queue, e.From, e.Name)
-			f.invalidate(e.Queue, e.To, e.Name)
-		case <-f.done:
-			return
-		}
-	}
-}
-
-func (f *FS) invalidate(queue string, s queuecore.State, name string) {
-	if !s.Valid() {
-		return
-	}
-	qdir := f.root.GetChild(queue)
-	if qdir == nil {
-		return
-	}
-	sdir := qdir.GetChild(s.Dir())
-	if sdir == nil {
-		return
-	}
-	if errno := sdir.NotifyEntry(name); errno != 0 && errno != syscall.ENOENT {
-		f.log.Debug("entry invalidation failed", "queue", queue, "dir", s.Dir(), "name", name, "errno", errno)
-	}
-}
-
 // sweepDrafts drops drafts left uncommitted for longer than DraftTTL.
 func (f *FS) sweepDrafts() {
 	defer f.wg.Done()
@@ -294,7 +217,6 @@ func (f *FS) sweepDrafts() {
 		}
 		for _, k := range old {
 			f.log.Info("draft removed after its time to live", "queue", k.queue, "name", k.name)
-			f.invalidate(k.queue, queuecore.StateReady, k.name)
 		}
 	}
 }

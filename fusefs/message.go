@@ -36,9 +36,13 @@ func (n *msgNode) current(ctx context.Context) (queuecore.Message, error) {
 	n.mu.Lock()
 	name := n.name
 	n.mu.Unlock()
+	queue, id := n.queue, n.id
+	if s, ok := n.fsys.successors.get(id, time.Now()); ok {
+		queue, id = s.queue, s.id // a replay or a forward made a new message of it
+	}
 	for _, archived := range []bool{false, true} {
-		m, err := n.fsys.core.Find(ctx, n.queue, name, archived)
-		if err == nil && m.ID == n.id {
+		m, err := n.fsys.core.Find(ctx, queue, name, archived)
+		if err == nil && m.ID == id {
 			return m, nil
 		}
 		if err != nil && !errors.Is(err, queuecore.ErrNotFound) {
@@ -284,19 +288,7 @@ func (n *msgNode) Flush(ctx context.Context, fh fs.FileHandle) syscall.Errno {
 	if _, _, pid := caller(ctx); !sameProcess(pid, creator) {
 		return 0 // a child that inherited the descriptor; the creator's close commits
 	}
-	errno, stale := n.settle(ctx)
-	if stale {
-		// Invalidate before close(2) returns, not from the notifier
-		// goroutine: the CREATE reply let the kernel cache inbox/NAME (and
-		// its attributes) for the entry timeout, so a `test -f inbox/NAME`
-		// right after the close would otherwise still see a message that
-		// went to delayed/ or dlq/, or was dropped. This is safe here:
-		// close(2) holds no directory lock while it waits for FLUSH, and
-		// settle has let go of n.mu, which a LOOKUP of this very name (that
-		// holds inbox/'s lock, which the invalidation needs) may wait for.
-		n.fsys.invalidate(n.queue, queuecore.StateReady, n.name)
-	}
-	return errno
+	return n.commit(ctx)
 }
 
 var _ = (fs.NodeReleaser)((*msgNode)(nil))

@@ -40,27 +40,18 @@ type pending struct {
 // release commit.
 type writeHandle struct{}
 
-// commit publishes the file. It runs once; a second call returns 0. The
-// kernel's entry inbox/NAME is invalidated from the notifier goroutine when
-// it no longer stands for a ready message; Flush, which may wait for the
-// kernel, uses settle and invalidates before close(2) returns.
+// commit publishes (or refuses) the file. It runs once; a second call
+// returns 0. When the message went to delayed/ or dlq/, or nowhere
+// (refused, deduplicated), the kernel may still believe for up to the
+// entry timeout that inbox/NAME holds it (the CREATE reply let it cache
+// the name); it is not told (see Options), and whatever it then sends for
+// that name is checked against the queue.
 func (n *msgNode) commit(ctx context.Context) syscall.Errno {
-	errno, stale := n.settle(ctx)
-	if stale {
-		n.fsys.queueInvalidation(queuecore.Event{Queue: n.queue, Name: n.name, To: queuecore.StateReady})
-	}
-	return errno
-}
-
-// settle publishes (or refuses) the file and reports whether the kernel's
-// dentry inbox/NAME is now stale: the message went to delayed/ or dlq/, or
-// nowhere (refused, deduplicated).
-func (n *msgNode) settle(ctx context.Context) (errno syscall.Errno, stale bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	p := n.pend
 	if p == nil || p.done {
-		return 0, false
+		return 0
 	}
 	p.done = true
 	n.fsys.dropPending(n.queue, n.name, n)
@@ -72,7 +63,7 @@ func (n *msgNode) settle(ctx context.Context) (errno syscall.Errno, stale bool) 
 		// checks close(2).
 		n.fsys.log.Warn("message dropped: a write went past maxMessageBytes", "queue", n.queue, "name", n.name, "limit", p.limit)
 		p.buf = nil
-		return syscall.EFBIG, true
+		return syscall.EFBIG
 	}
 	res, err := n.fsys.core.Publish(ctx, n.queue, n.name, p.buf, queuecore.PublishOptions{
 		UID: p.uid, GID: p.gid, Delay: p.delay, DedupKey: p.dedupKey, ID: n.id,
@@ -88,13 +79,10 @@ func (n *msgNode) settle(ctx context.Context) (errno syscall.Errno, stale bool) 
 	default:
 		n.fsys.log.Warn("publish failed", "queue", n.queue, "name", n.name, "err", err)
 	}
-	// The kernel believes inbox/NAME holds this file: when the message is
-	// in delayed/ or dlq/, or nowhere, it must look again.
-	stale = err != nil || res.Message.State != queuecore.StateReady
 	if n.pend == nil || err == nil {
 		p.buf = nil // published (or dropped as a duplicate): the store has it
 	} // else keep the bytes: a draft whose rename failed is a draft again
-	return errnoOf(err), stale
+	return errnoOf(err)
 }
 
 // discard drops a file being written or a draft (rm before commit).

@@ -2,6 +2,7 @@ package fusefs
 
 import (
 	"sync"
+	"time"
 
 	"yirangmq/queuecore"
 )
@@ -75,4 +76,49 @@ func (p *placements) forgotten(id, gen uint64) {
 	if pl, ok := p.m[id]; ok && pl.gen == gen {
 		delete(p.m, id)
 	}
+}
+
+// successors remembers, for a while, which new message a rename made of
+// an old one: a replay (`mv archive/X inbox/`) or a forward
+// (`mv processing/X OTHER/inbox/`) publishes a new message with an ID of
+// its own, but the kernel moved the old inode to the new name and keeps
+// using it until its entry and attributes time out (the daemon never
+// tells the kernel, see Options.EntryTimeout). An operation on that inode
+// is served from its successor. Entries older than ttl are dropped: by
+// then the kernel has looked the name up again and holds the new inode.
+type successors struct {
+	mu  sync.Mutex
+	ttl time.Duration
+	m   map[uint64]successor
+}
+
+type successor struct {
+	queue string
+	id    uint64
+	at    time.Time
+}
+
+func (s *successors) add(old uint64, queue string, id uint64, now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil {
+		s.m = map[uint64]successor{}
+	}
+	for k, v := range s.m {
+		if now.Sub(v.at) > s.ttl {
+			delete(s.m, k)
+		}
+	}
+	s.m[old] = successor{queue: queue, id: id, at: now}
+}
+
+func (s *successors) get(old uint64, now time.Time) (successor, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.m[old]
+	if ok && now.Sub(v.at) > s.ttl {
+		delete(s.m, old)
+		return successor{}, false
+	}
+	return v, ok
 }

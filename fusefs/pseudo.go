@@ -308,14 +308,12 @@ func (n *nextNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off 
 			return nil, errnoOf(err)
 		}
 		h.leased = true
+		// The kernel did not see this move and is not told (no entry
+		// invalidations, see Options): it caches no missing names, so the
+		// consumer's open and unlink of processing/NAME reach us, and a
+		// lookup there gives the message a new inode generation
+		// (placements.go).
 		h.data = []byte(queuecore.StateLeased.Dir() + "/" + m.Name + "\n")
-		// The kernel did not see this move: drop what it may cache of both
-		// names (a negative processing/NAME would fail the consumer's ack)
-		// before the reader learns the name. Safe inside this handler: a
-		// read of .next holds no directory lock, and the lease's claim is
-		// released, so no handler the kernel waits on waits on us.
-		n.fsys.invalidate(n.queue, queuecore.StateReady, m.Name)
-		n.fsys.invalidate(n.queue, queuecore.StateLeased, m.Name)
 	}
 	s := snapshot{data: h.data}
 	return s.read(dest, off)

@@ -44,6 +44,7 @@ func (d *stateDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 	if d.state == queuecore.StateReady {
 		if p := d.fsys.pendingFile(d.queue, name); p != nil {
 			p.fillAttr(ctx, &out.Attr)
+			out.SetEntryTimeout(uncachedEntry) // what it names is decided at its commit
 			return &p.Inode, 0
 		}
 	}
@@ -185,13 +186,17 @@ func (d *stateDir) Rename(ctx context.Context, name string, newParent fs.InodeEm
 		}
 		return errnoOf(err)
 	}
-	// The kernel moved its dentry and inode to the new place.
+	// The kernel moved its dentry and inode to the new place. Where the
+	// queue put something else there, the kernel is not told (see
+	// Options): a nack waiting in delayed/ still shows under inbox/ until
+	// the entry times out, and an operation on it is checked against
+	// where it is; a replay or a forward is a new message, which the
+	// moved inode stands for meanwhile (successors).
 	d.fsys.placements.moved(m.ID, to.state)
-	// Where the
-	// queue put something else there — a nack waiting in delayed/, a
-	// replay or a forward that is a new message — tell it to look again.
-	if m.State != to.state || d.state == queuecore.StateArchived || to.queue != d.queue {
-		d.fsys.queueInvalidation(queuecore.Event{Queue: to.queue, Name: name, To: to.state})
+	if child := d.GetChild(name); child != nil {
+		if old, ok := child.Operations().(*msgNode); ok && old.id != m.ID {
+			d.fsys.successors.add(old.id, m.Queue, m.ID, time.Now())
+		}
 	}
 	return 0
 }

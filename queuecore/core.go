@@ -32,7 +32,9 @@ type Event struct {
 // Notifier hears about moves. Notify is called once the operation's store
 // commit is done and its claims and locks are released, on the goroutine
 // of the operation (a request, or the scheduler for expiry, backoff and
-// retention), so it may wait for the kernel.
+// retention). It must not block for long, and never on the kernel: a
+// daemon thread waiting on a lock the kernel holds for a client can keep
+// a killed daemon from ever exiting.
 type Notifier interface {
 	Notify(Event)
 }

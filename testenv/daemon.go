@@ -17,7 +17,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"yirangmq/fusefs"
 )
 
 // ReadyFDEnv is the variable through which the daemon is given a pipe to
@@ -136,8 +135,8 @@ func (d *Daemon) start() error {
 		case <-exited:
 			return fmt.Errorf("daemon stopped before it was ready:\n%s", d.Log())
 		default:
-			d.Kill()
-			return fmt.Errorf("daemon not ready after 20 s:\n%s", d.Log())
+			kerr := d.Kill()
+			return errors.Join(fmt.Errorf("daemon not ready after 20 s:\n%s", d.Log()), kerr)
 		}
 	}
 	return nil
@@ -223,26 +222,65 @@ func StopDaemon(cmd *exec.Cmd, exited <-chan struct{}, mountpoint string) error 
 	return err
 }
 
-// Kill kills the daemon with SIGKILL, as a crash would, and detaches the
-// dead mount it leaves behind.
-//
-// A daemon killed while it sends a kernel invalidation cannot exit until
-// its FUSE connection is aborted (see fusefs/abort.go); Kill does that
-// after a second.
-func (d *Daemon) Kill() {
+// Kill kills the daemon with SIGKILL, as a crash would, and waits for the
+// process to exit, as a supervisor does. It does nothing else: the dead
+// mount stays where it was (its users get ENOTCONN) until Restart's
+// `yirangmq mount` detaches it, or the test's cleanup does. It returns an
+// error, with the state and kernel wait channel of each thread left, when
+// the process is still there after ExitGrace: a killed daemon that cannot
+// exit is a wedged mount.
+func (d *Daemon) Kill() error {
+	_, err := d.KillAndWait(ExitGrace)
+	return err
+}
+
+// ExitGrace is how long a killed daemon may take to exit before Kill calls
+// it stuck.
+const ExitGrace = 10 * time.Second
+
+// KillAndWait sends SIGKILL and waits up to grace for the process to exit,
+// and reports how long it took.
+func (d *Daemon) KillAndWait(grace time.Duration) (time.Duration, error) {
 	if d.cmd == nil || d.cmd.Process == nil {
-		return
+		return 0, nil
 	}
+	pid := d.cmd.Process.Pid
+	t0 := time.Now()
 	d.cmd.Process.Kill()
 	select {
 	case <-d.exited:
-	case <-time.After(time.Second):
-		if info, ok, _ := fusefs.LookupMount(d.Mountpoint); ok {
-			_ = fusefs.AbortConnection(info.Conn)
-		}
-		<-d.exited
+		return time.Since(t0), nil
+	case <-time.After(grace):
+		return time.Since(t0), fmt.Errorf("daemon %d still there %v after SIGKILL; its threads:\n%s", pid, grace, ThreadStates(pid))
 	}
-	_ = Unmount(d.Mountpoint)
+}
+
+// ThreadStates lists the threads of pid with their state, kernel wait
+// channel and, for those asleep uninterruptibly, their kernel stack.
+func ThreadStates(pid int) string {
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
+	var b strings.Builder
+	for _, task := range tasks {
+		stat, err := os.ReadFile(filepath.Join(task, "stat"))
+		if err != nil {
+			continue
+		}
+		// The state follows the parenthesised command name.
+		state := "?"
+		if i := bytes.LastIndexByte(stat, ')'); i >= 0 && i+2 < len(stat) {
+			state = string(stat[i+2])
+		}
+		wchan, _ := os.ReadFile(filepath.Join(task, "wchan"))
+		fmt.Fprintf(&b, "thread %s state %s wchan %s\n", filepath.Base(task), state, wchan)
+		if state == "D" {
+			stack, _ := os.ReadFile(filepath.Join(task, "stack"))
+			b.Write(stack)
+		}
+	}
+	if b.Len() == 0 {
+		return "(no threads left)"
+	}
+	return b.String()
 }
 
 // Restart starts the daemon again on the same store and mountpoint.

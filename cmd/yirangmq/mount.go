@@ -142,7 +142,7 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	opts.FsName = shown
 	fsys := fusefs.New(opts)
 	core, err := queuecore.Open(ctx, store, queuecore.Options{
-		Notifier: fsys, Logger: log, Backend: f.backend, StorePath: shown, Version: version,
+		Logger: log, Backend: f.backend, StorePath: shown, Version: version,
 	})
 	if err != nil {
 		return err
@@ -292,10 +292,16 @@ func recoverMountpoint(mountpoint string, log *slog.Logger) (aborted bool, err e
 	if err != nil || !ok || info.FSType != "fuse.yirangmq" {
 		return false, nil
 	}
+	// Opening the directory needs an answer from the mount's daemon; a
+	// stat could be answered from the kernel's attribute cache and take a
+	// dead mount for a live one.
 	probe := make(chan error, 1)
 	go func() {
-		var st unix.Stat_t
-		probe <- unix.Stat(mountpoint, &st)
+		fd, err := unix.Open(mountpoint, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err == nil {
+			unix.Close(fd)
+		}
+		probe <- err
 	}()
 	select {
 	case err := <-probe:

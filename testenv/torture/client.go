@@ -91,6 +91,7 @@ type client struct {
 	queue string // QUEUE directory in the mount
 	h     *History
 	m     *mountState
+	clientState
 }
 
 func (c *client) path(elem ...string) string {
@@ -129,6 +130,8 @@ func writeAll(fd int, body []byte, pieces int) error {
 // a .NAME written, closed and renamed to NAME. It counts as committed
 // only when the call that commits (close, or the rename) returned 0.
 func (c *client) publish(name string, body []byte, pieces int, fsync, draft bool) Event {
+	c.begin("publish " + name)
+	defer c.end()
 	e := Event{Kind: KindPublish, Client: c.name, Name: name, Sum: Sum(body), Via: "create", Start: c.h.Now()}
 	file := name
 	if draft {
@@ -180,6 +183,12 @@ func (c *client) publish(name string, body []byte, pieces int, fsync, draft bool
 
 // leaseNext reads .next: a lease, and the name it returns.
 func (c *client) leaseNext(nonblock bool) Event {
+	if nonblock {
+		c.begin("read .next (O_NONBLOCK)")
+	} else {
+		c.begin("read .next")
+	}
+	defer c.end()
 	e := Event{Kind: KindLease, Client: c.name, Start: c.h.Now()}
 	e0 := c.m.epoch.Load()
 	flags := unix.O_RDONLY | unix.O_CLOEXEC
@@ -214,6 +223,8 @@ func (c *client) leaseNext(nonblock bool) Event {
 
 // inboxNames lists inbox/ in readdir (delivery) order.
 func (c *client) inboxNames(max int) ([]string, error) {
+	c.begin("readdir inbox")
+	defer c.end()
 	f, err := os.Open(c.path(StateInbox))
 	if err != nil {
 		return nil, err
@@ -224,6 +235,8 @@ func (c *client) inboxNames(max int) ([]string, error) {
 
 // leaseRename leases inbox/NAME by renaming it into processing/.
 func (c *client) leaseRename(name string) Event {
+	c.begin("rename inbox/" + name + " processing/")
+	defer c.end()
 	e := Event{Kind: KindLeaseRename, Client: c.name, Name: name, Start: c.h.Now()}
 	e0 := c.m.epoch.Load()
 	err := unix.Rename(c.path(StateInbox, name), c.path(StateProcessing, name))
@@ -265,6 +278,8 @@ func readFile(path string) ([]byte, error) {
 
 // read reads processing/NAME while holding lease.
 func (c *client) read(lease Event) Event {
+	c.begin("read processing/" + lease.Name)
+	defer c.end()
 	e := Event{Kind: KindRead, Client: c.name, Name: lease.Name, Lease: lease.ID, Start: c.h.Now()}
 	e0 := c.m.epoch.Load()
 	body, err := readFile(c.path(StateProcessing, lease.Name))
@@ -283,6 +298,8 @@ func (c *client) read(lease Event) Event {
 
 // ack removes processing/NAME.
 func (c *client) ack(lease Event) Event {
+	c.begin("unlink processing/" + lease.Name)
+	defer c.end()
 	e := Event{Kind: KindAck, Client: c.name, Name: lease.Name, Lease: lease.ID, Start: c.h.Now()}
 	e0 := c.m.epoch.Load()
 	err := unix.Unlink(c.path(StateProcessing, lease.Name))
@@ -293,6 +310,8 @@ func (c *client) ack(lease Event) Event {
 
 // nack renames processing/NAME back to inbox/.
 func (c *client) nack(lease Event) Event {
+	c.begin("rename processing/" + lease.Name + " inbox/")
+	defer c.end()
 	e := Event{Kind: KindNack, Client: c.name, Name: lease.Name, Lease: lease.ID, Start: c.h.Now()}
 	e0 := c.m.epoch.Load()
 	err := unix.Rename(c.path(StateProcessing, lease.Name), c.path(StateInbox, lease.Name))
@@ -303,6 +322,8 @@ func (c *client) nack(lease Event) Event {
 
 // liveCount counts the messages in inbox/, processing/ and delayed/.
 func (c *client) liveCount() (int, error) {
+	c.begin("readdir inbox processing delayed")
+	defer c.end()
 	total := 0
 	for _, s := range []string{StateInbox, StateProcessing, StateDelayed} {
 		f, err := os.Open(c.path(s))

@@ -28,13 +28,15 @@
 //     a rename that lost the race made the consumer's cat and rm of the
 //     name .next had just returned fail with ENOENT, and the lease run
 //     out (duplicates with no kill, nack or abandon behind them). fusefs
-//     now invalidates both names before .next returns the name
-//     (TestNextThenReadAndAck).
-//   - SIGKILL does not always end the daemon: a thread sending an entry
+//     now lets the kernel cache no missing names (TestNextThenReadAndAck).
+//   - SIGKILL did not always end the daemon: a thread sending an entry
 //     invalidation sleeps uninterruptibly in fuse_reverse_inval_entry for
 //     the lock of a directory that a client holds while it waits for the
-//     daemon's answer, so the daemon never finishes dying and the mount
-//     stays wedged until its FUSE connection is aborted, which the
-//     torture does and counts (kill.go). The more invalidations are sent
-//     from request handlers, the more often a kill wedges.
+//     daemon's answer, so the daemon never finished dying and the mount
+//     stayed wedged until someone aborted its FUSE connection. An earlier
+//     version of this harness did that itself, and so hid the hang from
+//     its verdict. fusefs now sends no entry invalidations, and the
+//     harness kills like a supervisor: SIGKILL, wait for the exit, start
+//     again, with no abort and no unmount in between; a daemon still there
+//     or a client call still blocked 10 s later fails the run (kill.go).
 package torture

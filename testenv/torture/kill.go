@@ -1,118 +1,175 @@
 package torture
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"yirangmq/fusefs"
+	"yirangmq/testenv"
 )
 
-// A SIGKILL does not always end a FUSE daemon. The kernel only aborts a
-// FUSE connection when the last thread of the daemon lets go of
-// /dev/fuse, and a daemon thread that was sending an entry invalidation
-// (FUSE_NOTIFY_INVAL_ENTRY) sleeps uninterruptibly in
-// fuse_reverse_inval_entry for the lock of the parent directory. When a
-// client holds that lock while it waits for the daemon's answer to a
-// request of its own (a rename, a create, an unlink in that directory),
-// the killed daemon never answers and never exits: a zombie that keeps
-// the store locked, its clients stuck in D state, the mount wedged until
-// someone writes to /sys/fs/fuse/connections/N/abort. An operator has to
-// do just that; so does the torture, and it counts how often it had to.
+// The harness kills like a supervisor and helps nothing: SIGKILL, then it
+// waits for the process to exit, and the next `yirangmq mount` on the
+// mountpoint has to deal with the dead mount it left. It never aborts a
+// FUSE connection nor detaches a mount between kills, and its clients are
+// plain system calls without timeouts. What it watches for instead:
+//
+//   - a daemon still there StuckAfter after SIGKILL (one thread asleep in
+//     the kernel keeps the process, /dev/fuse and so the mount alive);
+//   - a client system call blocked for longer than StuckAfter (a .next
+//     read may wait for a message while its daemon lives, so its clock
+//     starts at the later of its start and the last kill of its daemon);
+//   - an old mount that does not answer ENOTCONN once its daemon is gone;
+//   - a new daemon that had to abort a wedged connection to mount.
+//
+// Only once such a failure is recorded does the harness abort the stuck
+// connection, so that the failed run can end and report.
 
-// fuseConn returns the FUSE connection number of the mount at mp, read
-// from /proc/self/mountinfo without touching the mount.
-func fuseConn(mp string) (string, error) {
-	info, ok, err := fusefs.LookupMount(mp)
-	switch {
-	case err != nil:
-		return "", err
-	case !ok:
-		return "", fmt.Errorf("%s is not mounted", mp)
-	case info.Conn == "":
-		return "", fmt.Errorf("%s is not a FUSE mount", mp)
-	}
-	return info.Conn, nil
-}
-
-func unescapeMount(s string) string {
-	return strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(s)
-}
+// StuckAfter is how long a killed daemon may take to exit, and a client
+// call may stay blocked, before the run fails.
+const StuckAfter = 10 * time.Second
 
 // alive reports whether pid exists and has not yet been reaped.
 func alive(pid int) bool {
 	return syscall.Kill(pid, 0) == nil
 }
 
-// sigkill kills the daemon pid serving mp and waits until it is gone
-// (reaped by the harness, which waits for it). When it lingers past
-// grace, it aborts the mount's FUSE connection and returns the kernel
-// stacks of the daemon's stuck threads as wedged, and those of this
-// process (the clients) as they were before the abort.
-func sigkill(pid int, mp string, grace time.Duration) (wedged, clientStacks string, err error) {
-	conn, cerr := fuseConn(mp)
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		return "", "", fmt.Errorf("kill %d: %w", pid, err)
+// deadMountAnswers checks that the mount a killed daemon left fails at
+// once with ENOTCONN instead of hanging. (A stat may still be answered
+// from the kernel's attribute cache; opening the directory needs the
+// daemon.)
+func deadMountAnswers(mp string) error {
+	done := make(chan error, 1)
+	go func() {
+		fd, err := unix.Open(mp, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err == nil {
+			unix.Close(fd)
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, unix.ENOTCONN) {
+			return fmt.Errorf("opening the dead mount %s: %v, want ENOTCONN", mp, err)
+		}
+		return nil
+	case <-time.After(StuckAfter):
+		return fmt.Errorf("opening the dead mount %s: no answer in %v: the mount is wedged", mp, StuckAfter)
 	}
-	deadline := time.Now().Add(grace)
-	for alive(pid) && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
-	if !alive(pid) {
-		return "", "", nil
-	}
-	wedged = kernelStacks(pid)
-	if wedged == "" {
-		wedged = "(no thread in D state)"
-	}
-	clientStacks = kernelStacks(os.Getpid())
-	if cerr != nil {
-		return wedged, clientStacks, fmt.Errorf("daemon %d did not die within %v of SIGKILL, and its connection is unknown: %w", pid, grace, cerr)
-	}
-	if err := fusefs.AbortConnection(conn); err != nil {
-		return wedged, clientStacks, fmt.Errorf("daemon %d did not die within %v of SIGKILL; abort of FUSE connection %s: %w", pid, grace, conn, err)
-	}
-	deadline = time.Now().Add(10 * time.Second)
-	for alive(pid) && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
-	if alive(pid) {
-		return wedged, clientStacks, fmt.Errorf("daemon %d still there 10 s after its FUSE connection %s was aborted", pid, conn)
-	}
-	return wedged, clientStacks, nil
 }
 
-// kernelStacks returns the kernel stacks of pid's threads that sleep
-// uninterruptibly (state D), for the report of a wedge.
-func kernelStacks(pid int) string {
-	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
-	var b strings.Builder
-	for _, t := range tasks {
-		stat, err := os.ReadFile(filepath.Join(t, "stat"))
-		if err != nil {
-			continue
-		}
-		// The state follows the parenthesised command name.
-		i := strings.LastIndexByte(string(stat), ')')
-		if i < 0 || i+2 >= len(stat) || stat[i+2] != 'D' {
-			continue
-		}
-		stack, _ := os.ReadFile(filepath.Join(t, "stack"))
-		fmt.Fprintf(&b, "thread %s (D):\n%s", filepath.Base(t), stack)
+// abortMount frees a mount whose daemon or clients are stuck, once the
+// failure has been recorded, so that the run can end.
+func abortMount(mp string) {
+	if info, ok, err := fusefs.LookupMount(mp); err == nil && ok && info.Conn != "" {
+		_ = fusefs.AbortConnection(info.Conn)
 	}
-	return b.String()
+}
+
+// watchdog knows every client's system call in flight.
+type watchdog struct {
+	mu      sync.Mutex
+	clients []*client
+	kills   map[*mountState]time.Time // last kill of each mount's daemon
+}
+
+func newWatchdog() *watchdog { return &watchdog{kills: map[*mountState]time.Time{}} }
+
+func (w *watchdog) add(c *client) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.clients = append(w.clients, c)
+}
+
+func (w *watchdog) killed(m *mountState) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.kills[m] = time.Now()
+}
+
+// stuck returns a description of each client call blocked past limit.
+func (w *watchdog) stuck(limit time.Duration) []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []string
+	now := time.Now()
+	for _, c := range w.clients {
+		start := c.inflight.Load()
+		if start == 0 {
+			continue
+		}
+		since := time.Unix(0, start)
+		call, _ := c.call.Load().(string)
+		if strings.HasPrefix(call, "read .next") {
+			if k := w.kills[c.m]; k.After(since) {
+				since = k
+			}
+		}
+		if d := now.Sub(since); d > limit {
+			tid := c.tid.Load()
+			wchan, _ := os.ReadFile(fmt.Sprintf("/proc/self/task/%d/wchan", tid))
+			stack, _ := os.ReadFile(fmt.Sprintf("/proc/self/task/%d/stack", tid))
+			out = append(out, fmt.Sprintf("client %s: %s blocked for %v, thread %d wchan %s\n%s",
+				c.name, call, d.Round(time.Second), tid, wchan, stack))
+		}
+	}
+	return out
+}
+
+// pin binds the calling goroutine to its thread, so that the watchdog can
+// read the kernel's wait channel of a blocked call; unpin lets it go.
+// A goroutine must unpin before it ends: Go ends a thread whose locked
+// goroutine exits, and a child process started from that thread with a
+// parent-death signal (the daemons, the PostgreSQL server) would die too.
+func (c *client) pin() {
+	runtime.LockOSThread()
+	c.tid.Store(int32(unix.Gettid()))
+}
+
+func (c *client) unpin() { runtime.UnlockOSThread() }
+
+// begin and end bracket a system call for the watchdog.
+func (c *client) begin(call string) {
+	c.call.Store(call)
+	c.inflight.Store(time.Now().UnixNano())
+}
+
+func (c *client) end() { c.inflight.Store(0) }
+
+// clientState is what the watchdog reads of a client.
+type clientState struct {
+	inflight atomic.Int64 // start of the call in flight (UnixNano), 0 when none
+	call     atomic.Value // string: the call in flight
+	tid      atomic.Int32
+}
+
+// killDaemon kills d like a supervisor and waits for it to exit; it
+// returns how long that took, and an error when it did not within
+// StuckAfter (with the threads left and what they wait on).
+func killDaemon(d *testenv.Daemon) (time.Duration, error) {
+	return d.KillAndWait(StuckAfter)
+}
+
+func unescapeMount(s string) string {
+	return strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(s)
 }
 
 // cleanStaleRuns detaches the mounts that torture runs of processes no
 // longer alive left under base (one directory per process id), aborting
 // their connections first, and removes those directories. Live runs of
-// other processes are left alone.
+// other processes are left alone. This is cleanup before a run, of what
+// an earlier, failed or interrupted test process left behind.
 func cleanStaleRuns(base string) {
 	entries, err := os.ReadDir(base)
 	if err != nil {
@@ -125,9 +182,7 @@ func cleanStaleRuns(base string) {
 		}
 		dir := filepath.Join(base, e.Name())
 		for _, mp := range mountsUnder(dir) {
-			if conn, err := fuseConn(mp); err == nil {
-				_ = fusefs.AbortConnection(conn)
-			}
+			abortMount(mp)
 			_ = unix.Unmount(mp, unix.MNT_DETACH)
 		}
 		if len(mountsUnder(dir)) == 0 {

@@ -1,0 +1,131 @@
+package fusefs
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// maxWrite is the largest WRITE the kernel sends us, and max_read the
+// largest READ it asks for (go-fuse's default).
+const maxWrite = 128 << 10
+
+// Server is a mount being served.
+type Server struct {
+	*fuse.Server
+	mountpoint string
+}
+
+// Unmount unmounts the filesystem, retrying for a moment while it is busy;
+// the server's loops end once the kernel lets go (Wait).
+func (s *Server) Unmount() error {
+	var err error
+	delay := 5 * time.Millisecond
+	for try := 0; try < 6; try++ {
+		if err = unix.Unmount(s.mountpoint, 0); err == nil || errors.Is(err, unix.EINVAL) {
+			return nil // EINVAL: not mounted any more
+		}
+		time.Sleep(delay)
+		delay *= 2
+	}
+	return fmt.Errorf("unmount %s: %w", s.mountpoint, err)
+}
+
+// mountServer mounts root at mountpoint itself and serves it with go-fuse
+// through the descriptor ("/dev/fd/N"), then calls started.
+//
+// Why not fs.Mount: once the mount is up, go-fuse opens and polls a file
+// in it from the mounting goroutine (its "poll hack"). That is a system
+// call of the daemon into its own mount, and a daemon killed while that
+// call waits for its answer can never exit: a FUSE request already read
+// by a server thread is waited for uninterruptibly, the waiting thread
+// keeps /dev/fuse open, and the kernel aborts the connection only once
+// every descriptor of it is closed. The hack exists for servers that open
+// files of their own mount through Go's poller; this daemon never touches
+// its mount. Serving a descriptor we mounted ourselves skips it.
+func mountServer(mountpoint string, root fs.InodeEmbedder, mo fuse.MountOptions, opts *fs.Options, started func()) (*Server, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(mountpoint, &st); err != nil {
+		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
+	}
+	fd, err := unix.Open("/dev/fuse", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("mount %s: open /dev/fuse: %w", mountpoint, err)
+	}
+	data := []string{
+		fmt.Sprintf("fd=%d", fd),
+		fmt.Sprintf("rootmode=%o", st.Mode&unix.S_IFMT),
+		fmt.Sprintf("user_id=%d", os.Geteuid()),
+		fmt.Sprintf("group_id=%d", os.Getegid()),
+		fmt.Sprintf("max_read=%d", mo.MaxWrite),
+	}
+	if mo.AllowOther {
+		// The kernel checks permissions (and only then) against the
+		// modes and owners we report.
+		data = append(data, "allow_other", "default_permissions")
+	}
+	source := mo.FsName
+	if source == "" {
+		source = mo.Name
+	}
+	flags := uintptr(unix.MS_NODEV | unix.MS_NOSUID | unix.MS_NOEXEC)
+	if err := unix.Mount(source, mountpoint, "fuse."+mo.Name, flags, strings.Join(data, ",")); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
+	}
+	// go-fuse must not mount, unmount or call into the mount itself.
+	mo.DirectMount, mo.DirectMountStrict = false, false
+	opts.MountOptions = mo
+	raw := uncachedCreates{fs.NewNodeFS(root, opts)}
+	server, err := fuse.NewServer(raw, fmt.Sprintf("/dev/fd/%d", fd), &opts.MountOptions)
+	if err != nil {
+		_ = unix.Unmount(mountpoint, unix.MNT_DETACH)
+		unix.Close(fd)
+		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
+	}
+	go server.Serve()
+	if err := server.WaitMount(); err != nil {
+		_ = unix.Unmount(mountpoint, unix.MNT_DETACH)
+		return nil, fmt.Errorf("mount %s: %w", mountpoint, err)
+	}
+	started()
+	return &Server{Server: server, mountpoint: mountpoint}, nil
+}
+
+
+// uncachedCreates answers CREATE, and a LOOKUP that asks for it with
+// uncachedEntry, with an entry the kernel may not keep: whether
+// inbox/NAME still names a file being written once it is closed is
+// decided at its commit (it may wait in delayed/, be kept in dlq/, be dropped as
+// a duplicate or refused), and the daemon never tells the kernel
+// afterwards (see Options.EntryTimeout). With a timeout of 0 the next use
+// of the name asks us again, and the kernel drops the entry, and so its
+// inode, as soon as the file is closed instead of keeping one per
+// published message.
+type uncachedCreates struct{ fuse.RawFileSystem }
+
+// uncachedEntry is the entry timeout a Lookup sets to be answered with 0
+// (go-fuse replaces a 0 with the default timeout).
+const uncachedEntry = time.Nanosecond
+
+func (u uncachedCreates) Lookup(cancel <-chan struct{}, h *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
+	st := u.RawFileSystem.Lookup(cancel, h, name, out)
+	if st == fuse.OK && out.EntryValid == 0 && out.EntryValidNsec == uint32(uncachedEntry) {
+		out.EntryValidNsec = 0
+	}
+	return st
+}
+
+func (u uncachedCreates) Create(cancel <-chan struct{}, in *fuse.CreateIn, name string, out *fuse.CreateOut) fuse.Status {
+	st := u.RawFileSystem.Create(cancel, in, name, out)
+	if st == fuse.OK {
+		out.EntryValid, out.EntryValidNsec = 0, 0
+	}
+	return st
+}
