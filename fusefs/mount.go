@@ -98,7 +98,6 @@ func mountServer(mountpoint string, root fs.InodeEmbedder, mo fuse.MountOptions,
 	return &Server{Server: server, mountpoint: mountpoint}, nil
 }
 
-
 // uncachedCreates answers CREATE, and a LOOKUP that asks for it with
 // uncachedEntry, with an entry the kernel may not keep: whether
 // inbox/NAME still names a file being written once it is closed is

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
 )
 
 // ReadyFDEnv is the variable through which the daemon is given a pipe to
