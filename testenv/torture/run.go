@@ -136,6 +136,9 @@ type Result struct {
 	// stayed blocked longer than that; DeadMountErrors the old mounts
 	// that did not answer ENOTCONN; Rescued the restarts whose daemon
 	// found a wedged mount and had to abort it (see kill.go).
+	// PhaseKills counts the kills while the clients worked (the drain
+	// and the end add one per daemon each).
+	PhaseKills      int
 	StuckDaemons    int
 	StuckClients    []string
 	DeadMountErrors []string
@@ -398,6 +401,7 @@ func Run(t *testing.T, opts Options) *Result {
 		}
 		k, tookOver := victim()
 		killAndRestart(k, tookOver)
+		res.PhaseKills++
 	}
 	close(stopProducing)
 	producers.Wait()
