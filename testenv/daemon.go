@@ -77,7 +77,7 @@ type Daemon struct {
 	opts       DaemonOptions
 	bin        string
 	cmd        *exec.Cmd
-	log        *syncBuffer
+	log        *SyncBuffer
 	exited     chan struct{}
 }
 
@@ -121,7 +121,7 @@ func (d *Daemon) start() error {
 	} else {
 		d.cmd = exec.Command(d.bin, args...)
 	}
-	d.log = &syncBuffer{}
+	d.log = &SyncBuffer{}
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	exited, ready, err := StartReady(d.cmd, 20*time.Second)
@@ -353,19 +353,20 @@ func unescapeMount(s string) string {
 	return strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(s)
 }
 
-// syncBuffer is a bytes.Buffer safe for a writer and a reader at once.
-type syncBuffer struct {
+// SyncBuffer is a bytes.Buffer safe for a writer and a reader at once:
+// a child process's output that a test reads while it runs.
+type SyncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
 }
 
-func (s *syncBuffer) Write(p []byte) (int, error) {
+func (s *SyncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.Write(p)
 }
 
-func (s *syncBuffer) String() string {
+func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()

@@ -82,12 +82,12 @@ func TestRestartLoopAfterKill9(t *testing.T) {
 
 	var cur *exec.Cmd
 	var exited chan struct{}
-	var logs *lockedBuffer
+	var logs *testenv.SyncBuffer
 	start := func() {
 		t.Helper()
 		cur = exec.Command(args[0], args[1:]...)
 		cur.Env = append(os.Environ(), "NOTIFY_SOCKET="+sock)
-		logs = &lockedBuffer{}
+		logs = &testenv.SyncBuffer{}
 		cur.Stdout, cur.Stderr = logs, logs
 		cur.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		if err := cur.Start(); err != nil {
@@ -219,22 +219,4 @@ func TestRestartLoopAfterKill9(t *testing.T) {
 	t.Logf("%d kills: exit after SIGKILL p50 %v max %v; SIGKILL to serving again (READY=1 and a read through the mount) p50 %v max %v",
 		kills, exits[kills/2].Round(time.Millisecond), exits[kills-1].Round(time.Millisecond),
 		serving[kills/2].Round(time.Millisecond), serving[kills-1].Round(time.Millisecond))
-}
-
-// lockedBuffer collects a child's output while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
