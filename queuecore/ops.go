@@ -60,6 +60,11 @@ type PublishOptions struct {
 	// ID, when not zero, is the message's ID, reserved with NewID when the
 	// file was created, so its inode number holds from create to ack.
 	ID uint64
+	// MTime, when not zero, is the modification time the writer set on
+	// its file before the commit (rsync, cp -p, tar): the message's inbox
+	// mtime (PublishedAt) keeps it, so that rsync finds it unchanged on a
+	// re-run. FirstAt stays the commit time.
+	MTime time.Time
 }
 
 // PublishResult is what a publish committed.
@@ -129,6 +134,9 @@ func (c *Core) publish(ctx context.Context, q *queue, name string, body []byte, 
 		Priority: chk.facts.Priority, Size: int64(len(chk.body)),
 		MessageID: chk.facts.MessageID, PublishedAt: now, FirstAt: now, StateAt: now,
 		DedupKey: dedupKey, UID: o.UID, GID: o.GID,
+	}
+	if !o.MTime.IsZero() {
+		m.PublishedAt = o.MTime
 	}
 	if m.MessageID == "" {
 		m.MessageID = c.newMessageID()
@@ -491,9 +499,15 @@ func (c *Core) ackOps(ctx context.Context, q *queue, m Message, p *Policy, now t
 
 // Nack returns a leased message (mv processing/X inbox/): the attempt is
 // counted and the message waits out its backoff, or is dead-lettered once
-// the retry limit is spent.
+// the retry limit is spent. A consumer that set reason RELEASED on its
+// lease gives the message back instead: to inbox/ at once, no attempt
+// counted (a consumer stopping is not a failure of the message).
 func (c *Core) Nack(ctx context.Context, queueName, name string) (Message, error) {
 	return c.single(ctx, queueName, name, StateLeased, false, func(q *queue, m Message, p *Policy, now time.Time, b *batch) error {
+		if releasedByConsumer(m) {
+			c.releaseOps(q, m, now, b)
+			return nil
+		}
 		c.failOps(q, m, p, now, ReasonNacked, "returned by its consumer", b)
 		b.count(func(time.Time) { q.counters.nacked.Add(1) })
 		return nil
