@@ -1,0 +1,254 @@
+package fusefs_test
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"yirangmq/testenv"
+)
+
+// toolCase is one everyday tool publishing (or editing) through a mount.
+// Its key is the tool's row in the "tools that work" table of
+// docs/user-guide.md. script runs in the queue directory with $SRC (a
+// directory holding m, dir/m and m.zip, whose m has the body below), $WORK
+// (scratch space on another filesystem), $BIN (yirangmq), $MNT and $QUEUE.
+type toolCase struct {
+	key    string
+	script string
+	run    func(t *testing.T, q string) error // instead of script: a Go program's calls
+	code   int                                // wanted exit status; -1: any failure
+	name   string                             // the message's name in inbox/ ("" for any one name)
+	before string                             // published before the tool runs (editors)
+	body   string                             // wanted body, the source's when empty
+}
+
+const toolBody = "everyday tools\nsecond line\n"
+
+// toolCases are the tools that must just work. A tool that says it failed
+// after it published makes a script retry, and a retry publishes twice: so
+// each asserts its exit status and that exactly one message is left.
+func toolCases(t *testing.T) []toolCase {
+	mkstemp := cProgram(t, "mkstemp-rename", `
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+	char tmp[] = "inbox/msg-XXXXXX";
+	int fd = mkstemp(tmp);
+	if (fd < 0) { perror("mkstemp"); return 1; }
+	FILE *in = fopen(argv[1], "r");
+	char buf[4096]; size_t n = fread(buf, 1, sizeof buf, in);
+	if (write(fd, buf, n) != (ssize_t)n) { perror("write"); return 1; }
+	if (argc > 2) { /* rename while still open, then close */
+		if (rename(tmp, "inbox/m")) { perror("rename"); return 1; }
+		if (close(fd)) { perror("close"); return 1; }
+		return 0;
+	}
+	if (close(fd)) { perror("close"); return 1; }
+	if (rename(tmp, "inbox/m")) { perror("rename"); return 1; }
+	return 0;
+}`)
+	return []toolCase{
+		{key: "> inbox/NAME (shell)", script: `cat "$SRC/m" > inbox/m`, name: "m"},
+		{key: "cp", script: `cp "$SRC/m" inbox/m`, name: "m"},
+		{key: "cp -p", script: `cp -p "$SRC/m" inbox/m`, name: "m"},
+		{key: "cp -a dir/. inbox/", script: `cp -a "$SRC/dir/." inbox/`, name: "m"},
+		{key: "mv from another filesystem", script: `cp "$SRC/m" "$WORK/m" && mv "$WORK/m" inbox/ && test ! -e "$WORK/m"`, name: "m"},
+		{key: "find -exec mv", script: `cp "$SRC/m" "$WORK/m" && find "$WORK" -name m -exec mv {} inbox/ \;`, name: "m"},
+		{key: "install -m 644", script: `install -m 644 "$SRC/m" inbox/m`, name: "m"},
+		{key: "tee", script: `tee inbox/m < "$SRC/m" > /dev/null`, name: "m"},
+		{key: "dd", script: `dd if="$SRC/m" of=inbox/m status=none`, name: "m"},
+		{key: "split", script: `split -l 1000 "$SRC/m" inbox/m`, name: "maa"},
+		{key: "tar", script: `tar -C "$SRC/dir" -cf - m | tar -C inbox -xf -`, name: "m"},
+		{key: "cpio", script: `(cd "$SRC/dir" && echo m | cpio -o --quiet) | (cd inbox && cpio -id --quiet)`, name: "m"},
+		{key: "unzip", script: `unzip -q "$SRC/m.zip" -d inbox/`, name: "m"},
+		{key: "rsync", script: `rsync "$SRC/m" inbox/m`, name: "m"},
+		{key: "rsync -a", script: `rsync -a "$SRC/dir/" inbox/ && rsync -a "$SRC/dir/" inbox/ &&
+			# a re-run finds the message unchanged: nothing sent (the directory's times aside)
+			out=$(rsync -ai "$SRC/dir/" inbox/ | grep -v ' \./$'); test -z "$out" || { echo "re-run sent: $out" >&2; exit 1; }`, name: "m"},
+		{key: "rsync -a --inplace", script: `rsync -a --inplace "$SRC/dir/" inbox/`, name: "m"},
+		{key: "perl open/print/close", script: `perl -e 'open(my $i, "<", $ARGV[0]) or die; open(my $o, ">", "inbox/m") or die; print {$o} <$i>; close($o) or die "close: $!"' "$SRC/m"`, name: "m"},
+		{key: "python open/write", script: `python3 -c 'import sys; open("inbox/m", "wb").write(open(sys.argv[1], "rb").read())' "$SRC/m"`, name: "m"},
+		{key: "python shutil.copy", script: `python3 -c 'import shutil, sys; shutil.copy(sys.argv[1], "inbox/m")' "$SRC/m"`, name: "m"},
+		{key: "python shutil.copy2", script: `python3 -c 'import shutil, sys; shutil.copy2(sys.argv[1], "inbox/m")' "$SRC/m"`, name: "m"},
+		{key: "python shutil.move", script: `cp "$SRC/m" "$WORK/m" && python3 -c 'import shutil, sys; shutil.move(sys.argv[1], "inbox/m")' "$WORK/m" && test ! -e "$WORK/m"`, name: "m"},
+		{key: "python NamedTemporaryFile + os.replace", script: `python3 -c '
+import os, sys, tempfile
+f = tempfile.NamedTemporaryFile(dir="inbox", delete=False)
+f.write(open(sys.argv[1], "rb").read())
+f.close()
+os.replace(f.name, "inbox/m")' "$SRC/m"`, name: "m"},
+		{key: "Go os.WriteFile", run: func(t *testing.T, q string) error {
+			return os.WriteFile(filepath.Join(q, "inbox", "m"), []byte(toolBody), 0o644)
+		}, name: "m"},
+		{key: "Go os.CreateTemp + os.Rename", run: func(t *testing.T, q string) error {
+			f, err := os.CreateTemp(filepath.Join(q, "inbox"), "m-*")
+			if err != nil {
+				return err
+			}
+			if _, err := f.WriteString(toolBody); err != nil {
+				return err
+			}
+			if err := f.Close(); err != nil {
+				return err
+			}
+			return os.Rename(f.Name(), filepath.Join(q, "inbox", "m"))
+		}, name: "m"},
+		{key: "C mkstemp + close + rename", script: mkstemp + ` "$SRC/m"`, name: "m"},
+		{key: "C mkstemp + rename + close", script: mkstemp + ` "$SRC/m" rename-first`, name: "m"},
+		{key: "yirangmq publish", script: `"$BIN" publish --mount "$MNT" --queue "$QUEUE" --file "$SRC/m"`},
+		{key: "sed -i", before: "original\n", script: `sed -i s/original/edited/ inbox/m`, code: -1, name: "m", body: "original\n"},
+		{key: "perl -pi", before: "original\n", script: `perl -pi -e s/original/edited/ inbox/m`, code: -1, name: "m", body: "original\n"},
+	}
+}
+
+// TestEverydayTools runs every tool of the user guide's table on both
+// stores, each in a queue of its own: exit status, exactly one message
+// with the right bytes in inbox/, nothing stray in any state directory,
+// then or a moment later (an editor's temporary file is held until its
+// creator exits).
+func TestEverydayTools(t *testing.T) {
+	cases := toolCases(t)
+	checkToolTable(t, cases)
+	src := t.TempDir()
+	must(t, os.WriteFile(filepath.Join(src, "m"), []byte(toolBody), 0o644))
+	must(t, os.MkdirAll(filepath.Join(src, "dir"), 0o755))
+	must(t, os.WriteFile(filepath.Join(src, "dir", "m"), []byte(toolBody), 0o644))
+	old := time.Date(2024, 3, 1, 12, 0, 0, 0, time.UTC) // rsync -a must keep it
+	must(t, os.Chtimes(filepath.Join(src, "dir", "m"), old, old))
+	testenv.MustSh(t, filepath.Join(src, "dir"), `zip -q ../m.zip m`)
+	for _, tool := range []string{"rsync", "cpio", "unzip", "zip", "perl", "python3", "cc"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s is not installed (.ci/run installs it)", tool)
+		}
+	}
+	eachBackend(t, testenv.DaemonOptions{}, func(t *testing.T, d *testenv.Daemon) {
+		for i, c := range cases {
+			queue := fmt.Sprintf("t%02d", i)
+			q := mkq(t, d, queue, "")
+			if c.before != "" {
+				must(t, os.WriteFile(filepath.Join(q, "inbox", "m"), []byte(c.before), 0o644))
+			}
+			work := t.TempDir()
+			var r testenv.Result
+			if c.run != nil {
+				if err := c.run(t, q); err != nil {
+					r = testenv.Result{Code: 1, Stderr: err.Error()}
+				}
+			} else {
+				r = testenv.Sh(t, q, fmt.Sprintf("SRC=%s WORK=%s BIN=%s MNT=%s QUEUE=%s; %s",
+					shq(src), shq(work), shq(testenv.Binary(t)), shq(d.Mountpoint), queue, c.script))
+			}
+			switch {
+			case c.code == -1 && r.Code == 0:
+				t.Errorf("%s: exit 0, want a failure", c.key)
+			case c.code != -1 && r.Code != c.code:
+				t.Errorf("%s: exit %d, want %d: %s", c.key, r.Code, c.code, strings.TrimSpace(r.Stderr))
+			}
+			body := c.body
+			if body == "" {
+				body = toolBody
+			}
+			checkOneMessage(t, c.key, q, c.name, body)
+			if c.key == "rsync -a" {
+				fi, err := os.Stat(filepath.Join(q, "inbox", "m"))
+				if err == nil && !fi.ModTime().Equal(old) {
+					t.Errorf("rsync -a: inbox mtime %v, want the source's %v", fi.ModTime(), old)
+				}
+			}
+		}
+		// An editor's temporary file, had it been kept, would be committed
+		// when its creator exited: look again once they all have.
+		time.Sleep(1500 * time.Millisecond)
+		for i, c := range cases {
+			if c.before != "" {
+				checkOneMessage(t, c.key+" (later)", d.Path(fmt.Sprintf("t%02d", i)), c.name, c.body)
+			}
+		}
+	})
+}
+
+// checkOneMessage asserts that the queue holds exactly one message, in
+// inbox/, with that name (any when empty) and body.
+func checkOneMessage(t *testing.T, what, q, name, body string) {
+	t.Helper()
+	for _, dir := range []string{"processing", "delayed", "dlq", "archive"} {
+		if got := ls(t, filepath.Join(q, dir)); len(got) != 0 {
+			t.Errorf("%s: stray %s/%v", what, dir, got)
+		}
+	}
+	got := ls(t, filepath.Join(q, "inbox"))
+	if len(got) != 1 || (name != "" && got[0] != name) {
+		t.Errorf("%s: inbox/ holds %q, want exactly one message %q", what, got, name)
+		return
+	}
+	if b := readFile(t, filepath.Join(q, "inbox", got[0])); b != body {
+		t.Errorf("%s: body %q, want %q", what, b, body)
+	}
+}
+
+// checkToolTable asserts that the table of docs/user-guide.md names every
+// tool this test runs, and nothing it does not.
+func checkToolTable(t *testing.T, cases []toolCase) {
+	t.Helper()
+	f, err := os.Open(filepath.Join("..", "docs", "user-guide.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	row := regexp.MustCompile("^\\| `([^`]+)` \\|")
+	var doc []string
+	in := false
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.Contains(line, "<!-- tools table -->"):
+			in = true
+		case strings.Contains(line, "<!-- end of tools table -->"):
+			in = false
+		case in:
+			if m := row.FindStringSubmatch(line); m != nil {
+				doc = append(doc, m[1])
+			}
+		}
+	}
+	var keys []string
+	for _, c := range cases {
+		keys = append(keys, c.key)
+	}
+	sort.Strings(doc)
+	sort.Strings(keys)
+	if strings.Join(doc, "\n") != strings.Join(keys, "\n") {
+		t.Errorf("docs/user-guide.md tools table lists\n%s\nbut the test runs\n%s", strings.Join(doc, "\n"), strings.Join(keys, "\n"))
+	}
+}
+
+// cProgram compiles a small C program once per test run.
+func cProgram(t *testing.T, name, src string) string {
+	t.Helper()
+	dir := t.TempDir()
+	must(t, os.WriteFile(filepath.Join(dir, name+".c"), []byte(src), 0o644))
+	bin := filepath.Join(dir, name)
+	if out, err := exec.Command("cc", "-O1", "-Wall", "-o", bin, filepath.Join(dir, name+".c")).CombinedOutput(); err != nil {
+		t.Fatalf("cc %s: %v\n%s", name, err, out)
+	}
+	return bin
+}
+
+func shq(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
