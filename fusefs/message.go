@@ -81,7 +81,7 @@ func (n *msgNode) fillAttr(ctx context.Context, out *fuse.Attr) syscall.Errno {
 }
 
 // fillMessage sets a message's attributes; its times say what its state
-// means (SPEC.md §2): commit time in inbox/, lease deadline in processing/,
+// means (docs/contract.md §2): commit time in inbox/, lease deadline in processing/,
 // due time in delayed/, dead-letter time in dlq/, ack time in archive/.
 func fillMessage(out *fuse.Attr, m queuecore.Message) {
 	t := m.StateAt
@@ -243,7 +243,7 @@ func (n *msgNode) Write(ctx context.Context, fh fs.FileHandle, data []byte, off 
 func len64(b []byte) int64 { return int64(len(b)) }
 
 // resizeLocked grows or truncates the buffer of a file being written; past
-// the queue's maxMessageBytes it is EFBIG, at write(2) as SPEC.md says.
+// the queue's maxMessageBytes it is EFBIG, at write(2) as docs/contract.md says.
 func (n *msgNode) resizeLocked(size int64) syscall.Errno {
 	p := n.pend
 	if p.done {

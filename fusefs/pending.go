@@ -12,7 +12,7 @@ import (
 // pending is a file in inbox/ that is not a message yet: being written, or
 // a draft (.NAME) waiting for its rename.
 //
-// The commit point (SPEC.md §2): close(2) reaches the daemon as FLUSH,
+// The commit point (docs/contract.md §2): close(2) reaches the daemon as FLUSH,
 // once per closed descriptor (also when a child that inherited it exits),
 // and the last close as RELEASE, asynchronously. So the commit happens at
 // the FLUSH from the creating process once a byte was written, and its

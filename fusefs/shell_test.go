@@ -45,7 +45,7 @@ func TestShellWalkThrough(t *testing.T) {
 	})
 }
 
-// The shell patterns of SPEC.md §2: each commits exactly one whole
+// The shell patterns of docs/contract.md §2: each commits exactly one whole
 // message at the right moment.
 func TestCommitPatterns(t *testing.T) {
 	eachBackend(t, testenv.DaemonOptions{}, func(t *testing.T, d *testenv.Daemon) {
@@ -121,7 +121,7 @@ func TestDrafts(t *testing.T) {
 	})
 }
 
-// Every row of the table of SPEC.md §2, through mv, rm and touch.
+// Every row of the table of docs/contract.md §2, through mv, rm and touch.
 func TestTransitions(t *testing.T) {
 	policy := `{"visibilityTimeoutSec": 60, "retry": {"limit": 3, "backoff": "fixed", "initialDelaySec": 30, "maxDelaySec": 30}}`
 	eachBackend(t, testenv.DaemonOptions{}, func(t *testing.T, d *testenv.Daemon) {

@@ -160,7 +160,7 @@ func (d *stateDir) Unlink(ctx context.Context, name string) syscall.Errno {
 
 var _ = (fs.NodeRenamer)((*stateDir)(nil))
 
-// Rename is a transition of SPEC.md §2, or the commit of a draft.
+// Rename is a transition of docs/contract.md §2, or the commit of a draft.
 func (d *stateDir) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
 	if flags&^uint32(unix.RENAME_NOREPLACE) != 0 {
 		return syscall.EINVAL // RENAME_EXCHANGE, RENAME_WHITEOUT

@@ -762,7 +762,7 @@ func (c *Core) Purge(ctx context.Context, queueName string, s State) (int, error
 	}
 }
 
-// Move is a rename in a mount: it carries out the transition of SPEC.md §2
+// Move is a rename in a mount: it carries out the transition of docs/contract.md §2
 // from (queue, state from, name) to (toQueue, state to), or fails with
 // ErrNotAllowed for a transition the table does not have and ErrNotFound
 // when the message is not where the caller says.
