@@ -349,6 +349,11 @@ func (c *Core) Lease(ctx context.Context, queueName, name, consumer string) (Mes
 func (c *Core) leaseOps(q *queue, m Message, p *Policy, now time.Time, consumer string, b *batch) {
 	old := m
 	m.State, m.StateAt, m.Deadline, m.Consumer = StateLeased, now, now.Add(p.VisibilityTimeout()), consumer
+	if releasedByConsumer(m) {
+		// The give-back of an earlier lease is no reason of this one: a
+		// plain nack of this lease must count.
+		m.Reason, m.ReasonMessage = "", ""
+	}
 	b.update(q, old, m)
 	b.count(func(now time.Time) {
 		q.counters.leased.Add(1)
