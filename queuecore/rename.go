@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 )
 
@@ -21,13 +20,11 @@ const ReasonReleased = "RELEASED"
 // ErrNotFound when no ready message has that name (a consumer leased it
 // first: the message is then delivered once, under the temporary name);
 // ErrExists when newName is live in the queue (a committed message is
-// never replaced).
+// never replaced); an InputError for a name a publish would refuse
+// (a draft's leading dot among them).
 func (c *Core) Rename(ctx context.Context, queueName, name, newName string) (Message, error) {
 	if err := CheckMessageName(newName); err != nil {
 		return Message{}, err
-	}
-	if strings.HasPrefix(newName, ".") {
-		return Message{}, fmt.Errorf("rename to %q: %w", newName, ErrNotAllowed)
 	}
 	q, err := c.queue(queueName)
 	if err != nil {
