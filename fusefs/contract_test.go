@@ -37,8 +37,8 @@ func TestContractErrnos(t *testing.T) {
 		"ENOENT": func() error {
 			return unix.Rename(p("inbox", "nosuch"), p("processing", "nosuch"))
 		},
-		"EEXIST": func() error { return openErr(p("inbox", "l"), unix.O_CREAT|unix.O_WRONLY|unix.O_EXCL) },
-		"EINVAL": func() error { return unix.Mkdir(d.Path("bad name"), 0o755) },
+		"EEXIST":    func() error { return openErr(p("inbox", "l"), unix.O_CREAT|unix.O_WRONLY|unix.O_EXCL) },
+		"EINVAL":    func() error { return unix.Mkdir(d.Path("bad name"), 0o755) },
 		"ENOTEMPTY": func() error { return unix.Rmdir(q) },
 		"EFBIG": func() error {
 			fd, err := unix.Open(filepath.Join(small, "inbox", "big"), unix.O_CREAT|unix.O_WRONLY|unix.O_EXCL, 0o644)
@@ -49,7 +49,9 @@ func TestContractErrnos(t *testing.T) {
 			_, err = unix.Write(fd, []byte("too big"))
 			return err
 		},
-		"EDQUOT": func() error { return openErr(filepath.Join(full, "inbox", "two"), unix.O_CREAT|unix.O_WRONLY|unix.O_EXCL) },
+		"EDQUOT": func() error {
+			return openErr(filepath.Join(full, "inbox", "two"), unix.O_CREAT|unix.O_WRONLY|unix.O_EXCL)
+		},
 		"EAGAIN": func() error {
 			return unix.Rename(filepath.Join(paused, "inbox", "m"), filepath.Join(paused, "processing", "m"))
 		},

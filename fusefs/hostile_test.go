@@ -294,7 +294,7 @@ func hostileOperations(t *testing.T, d *testenv.Daemon, q string) {
 		{p("dlq", "dl"), p("archive", "dl"), "EPERM"},
 		{p("archive", "ar"), p("processing", "ar"), "EPERM"},
 		{p("archive", "ar"), p("dlq", "ar"), "EPERM"},
-		{p("inbox", "r"), p("inbox", "l"), "EEXIST"}, // a ready message may be renamed, never onto another
+		{p("inbox", "r"), p("inbox", "l"), "EEXIST"},                // a ready message may be renamed, never onto another
 		{p("processing", "l"), p("processing", "renamed"), "EPERM"}, // a leased one keeps its name
 		{p("inbox", "r"), p("processing", "renamed"), "EPERM"},
 		{p("inbox", "r"), p("inbox", ".r"), "EPERM"},
@@ -305,7 +305,7 @@ func hostileOperations(t *testing.T, d *testenv.Daemon, q string) {
 		{p(".policy"), p("inbox", "policy"), "EPERM"},
 		{q, d.Path("q3"), "EPERM"}, // queues keep their name
 		{p("inbox", "nosuch"), p("processing", "nosuch"), "ENOENT"},
-		{p("inbox", "r"), p("inbox", "renamed"), "OK"}, // the temp-then-rename idiom, and back
+		{p("inbox", "r"), p("inbox", "renamed"), "OK"},      // the temp-then-rename idiom, and back
 		{p("inbox", "renamed"), p("inbox", "\xff\n"), "OK"}, // any name a create accepts
 		{p("inbox", "\xff\n"), p("inbox", "r"), "OK"},
 	}
