@@ -244,8 +244,11 @@ func (d *stateDir) renameReady(ctx context.Context, name, newName string) syscal
 // renamePending renames a file still being written (mkstemp, write,
 // rename, then close): it is committed at its close under the new name.
 func (d *stateDir) renamePending(ctx context.Context, p *msgNode, name string, to *stateDir, newName string) syscall.Errno {
-	if to.queue != d.queue || to.state != queuecore.StateReady || strings.HasPrefix(newName, ".") {
-		d.fsys.log.Warn("rename refused: a file being written can only be renamed within its inbox/",
+	if to.queue != d.queue || to.state != queuecore.StateReady {
+		return syscall.ENOENT // not committed yet: not a message to lease or move
+	}
+	if strings.HasPrefix(newName, ".") {
+		d.fsys.log.Warn("rename refused: a file being written cannot become a draft",
 			"queue", d.queue, "name", name, "to", to.queue+"/"+to.state.Dir()+"/"+newName)
 		return syscall.EPERM
 	}
