@@ -252,3 +252,70 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// TestTempRenameRace: a consumer leasing while producers write to a
+// temporary name and rename it sees every message exactly once: either
+// under its final name, or under the temporary one when it leased first
+// (the producer's rename then fails with ENOENT).
+func TestTempRenameRace(t *testing.T) {
+	eachBackend(t, testenv.DaemonOptions{}, func(t *testing.T, d *testenv.Daemon) {
+		q := mkq(t, d, "q", "")
+		inbox, processing := filepath.Join(q, "inbox"), filepath.Join(q, "processing")
+		const n = 60
+		done := make(chan struct{})
+		leased := make(chan int, 1)
+		go func() { // the consumer: lease whatever inbox/ lists
+			count := 0
+			defer func() { leased <- count }()
+			for {
+				names := ls(t, inbox)
+				if len(names) == 0 {
+					time.Sleep(time.Millisecond)
+				}
+				for _, name := range names {
+					if os.Rename(filepath.Join(inbox, name), filepath.Join(processing, name)) == nil {
+						count++
+					}
+				}
+				select {
+				case <-done:
+					if len(ls(t, inbox)) == 0 {
+						return
+					}
+				default:
+				}
+			}
+		}()
+		lost := 0
+		for i := 0; i < n; i++ {
+			f, err := os.CreateTemp(inbox, "tmp-*")
+			must(t, err)
+			fmt.Fprintf(f, "body %d", i)
+			must(t, f.Close())
+			err = os.Rename(f.Name(), filepath.Join(inbox, fmt.Sprintf("final-%02d", i)))
+			switch {
+			case err == nil:
+			case os.IsNotExist(err):
+				lost++ // the consumer leased the temporary name first
+			default:
+				t.Fatalf("rename %d: %v", i, err)
+			}
+		}
+		close(done)
+		if got := <-leased; got != n {
+			t.Errorf("consumer leased %d messages, want %d", got, n)
+		}
+		seen := map[string]bool{}
+		for _, name := range ls(t, processing) {
+			body := readFile(t, filepath.Join(processing, name))
+			if seen[body] {
+				t.Errorf("%q delivered twice", body)
+			}
+			seen[body] = true
+		}
+		if len(seen) != n {
+			t.Errorf("%d distinct bodies in processing/, want %d", len(seen), n)
+		}
+		t.Logf("%d of %d leased under their temporary name", lost, n)
+	})
+}
