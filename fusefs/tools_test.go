@@ -319,3 +319,22 @@ func TestTempRenameRace(t *testing.T) {
 		t.Logf("%d of %d leased under their temporary name", lost, n)
 	})
 }
+
+// TestListDots: ls -a lists . and .. in every directory of a mount, as
+// the user guide shows.
+func TestListDots(t *testing.T) {
+	d := testenv.StartDaemon(t, testenv.DaemonOptions{})
+	q := mkq(t, d, "jobs", "")
+	must(t, os.WriteFile(filepath.Join(q, "inbox", "m"), []byte("x"), 0o644))
+	for dir, want := range map[string]string{
+		d.Mountpoint:              ". .. .metrics .stats jobs",
+		q:                         ". .. .policy .stats archive delayed dlq inbox processing",
+		filepath.Join(q, "inbox"): ". .. m",
+		filepath.Join(q, "dlq"):   ". ..",
+	} {
+		got := strings.Fields(testenv.MustSh(t, dir, `LC_ALL=C ls -a`))
+		if strings.Join(got, " ") != want {
+			t.Errorf("ls -a %s = %q, want %q", dir, got, want)
+		}
+	}
+}
