@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"yirangmq/testenv"
 )
 
@@ -337,4 +339,62 @@ func TestListDots(t *testing.T) {
 			t.Errorf("ls -a %s = %q, want %q", dir, got, want)
 		}
 	}
+}
+
+// TestMetadataChanges: the metadata table of docs/contract.md §2, by path
+// and by descriptor, on a ready and a leased message and on a state
+// directory: accepted changes change nothing, and a chmod never extends a
+// lease.
+func TestMetadataChanges(t *testing.T) {
+	eachBackend(t, testenv.DaemonOptions{}, func(t *testing.T, d *testenv.Daemon) {
+		q := mkq(t, d, "q", `{"visibilityTimeoutSec": 600}`)
+		p := func(elem ...string) string { return filepath.Join(append([]string{q}, elem...)...) }
+		must(t, os.WriteFile(p("inbox", "r"), []byte("ready"), 0o644))
+		must(t, os.WriteFile(p("inbox", "l"), []byte("leased"), 0o644))
+		must(t, os.Rename(p("inbox", "l"), p("processing", "l")))
+		var before, leaseBefore unix.Stat_t
+		must(t, unix.Stat(p("inbox", "r"), &before))
+		must(t, unix.Stat(p("processing", "l"), &leaseBefore))
+		past := []unix.Timespec{unix.NsecToTimespec(1e18), unix.NsecToTimespec(1e18)}
+		f, err := os.Open(p("inbox", "r"))
+		must(t, err)
+		defer f.Close()
+		for _, c := range []struct {
+			what string
+			err  error
+			want string
+		}{
+			{"chmod 0600 inbox/r", unix.Chmod(p("inbox", "r"), 0o600), "OK"},
+			{"fchmod 0755 inbox/r", unix.Fchmod(int(f.Fd()), 0o755), "OK"},
+			{"chown to its owner", unix.Chown(p("inbox", "r"), int(before.Uid), int(before.Gid)), "OK"},
+			{"fchown to its owner", unix.Fchown(int(f.Fd()), int(before.Uid), int(before.Gid)), "OK"},
+			{"chown to another owner", unix.Chown(p("inbox", "r"), 4242, 4242), "EPERM"},
+			{"utimes inbox/r", unix.UtimesNano(p("inbox", "r"), past), "OK"},
+			{"truncate inbox/r", unix.Truncate(p("inbox", "r"), 0), "EPERM"},
+			{"chmod processing/l", unix.Chmod(p("processing", "l"), 0o600), "OK"},
+			{"chmod inbox/", unix.Chmod(p("inbox"), 0o700), "OK"},
+			{"utimes inbox/", unix.UtimesNano(p("inbox"), past), "OK"},
+			{"chown inbox/ to another owner", unix.Chown(p("inbox"), 4242, 4242), "EPERM"},
+		} {
+			if got := errName(c.err); got != c.want {
+				t.Errorf("%s = %s, want %s", c.what, got, c.want)
+			}
+		}
+		var after, leaseAfter unix.Stat_t
+		must(t, unix.Stat(p("inbox", "r"), &after))
+		must(t, unix.Stat(p("processing", "l"), &leaseAfter))
+		if after.Mode != before.Mode || after.Uid != before.Uid || after.Mtim != before.Mtim || after.Size != 5 {
+			t.Errorf("inbox/r changed: mode %o→%o, uid %d→%d, mtime %v→%v, size %d",
+				before.Mode, after.Mode, before.Uid, after.Uid, before.Mtim, after.Mtim, after.Size)
+		}
+		if leaseAfter.Mtim != leaseBefore.Mtim {
+			t.Errorf("a chmod moved the lease deadline: %v → %v", leaseBefore.Mtim, leaseAfter.Mtim)
+		}
+		var dir unix.Stat_t
+		must(t, unix.Stat(p("inbox"), &dir))
+		if dir.Mode&0o777 != 0o755 {
+			t.Errorf("inbox/ mode %o after chmod 0700, want the queue's 0755", dir.Mode&0o777)
+		}
+		wantOut(t, "inbox/r body", readFile(t, p("inbox", "r")), "ready")
+	})
 }
