@@ -3,9 +3,7 @@ package fusefs
 import (
 	"context"
 	"regexp"
-	"syscall"
 
-	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 )
 
@@ -25,14 +23,6 @@ var editorTemp = regexp.MustCompile(`^(sed|XX)[A-Za-z0-9]{6}$`)
 
 // isEditorTemp reports whether name is an in-place editor's temporary file.
 func isEditorTemp(name string) bool { return editorTemp.MatchString(name) }
-
-// dots are the "." and ".." entries of a directory listing (ls -a).
-func dots(self, parent uint64) []fuse.DirEntry {
-	return []fuse.DirEntry{
-		{Name: ".", Mode: syscall.S_IFDIR, Ino: self},
-		{Name: "..", Mode: syscall.S_IFDIR, Ino: parent},
-	}
-}
 
 // held reports whether the file waits for a rename rather than for its
 // close: a draft, or an editor's temporary file.
