@@ -30,6 +30,8 @@ type toolCase struct {
 	name   string                             // the message's name in inbox/ ("" for any one name)
 	before string                             // published before the tool runs (editors)
 	body   string                             // wanted body, the source's when empty
+	state  string                             // where the message ends: inbox (default) or archive
+	store  string                             // run on this store only ("" for all)
 }
 
 const toolBody = "everyday tools\nsecond line\n"
@@ -107,6 +109,8 @@ os.replace(f.name, "inbox/m")' "$SRC/m"`, name: "m"},
 		{key: "C mkstemp + close + rename", script: mkstemp + ` "$SRC/m"`, name: "m"},
 		{key: "C mkstemp + rename + close", script: mkstemp + ` "$SRC/m" rename-first`, name: "m"},
 		{key: "yirangmq publish", script: `"$BIN" publish --mount "$MNT" --queue "$QUEUE" --file "$SRC/m"`},
+		{key: "yirangmq consume", script: `cp "$SRC/m" inbox/m && export WORK && "$BIN" consume --mount "$MNT" --queue "$QUEUE" --drain -- sh -c 'cat > "$WORK/out"' && cmp "$WORK/out" "$SRC/m"`, name: "m", state: "archive"},
+		{key: "sqlite3 -readonly", store: "sqlite", script: `cp "$SRC/m" inbox/m && n=$(sqlite3 -readonly "$STORE/yirangmq.db" "select count(*) from messages where queue = '$QUEUE' and name = 'm'") && test "$n" = 1`, name: "m"},
 		{key: "sed -i", before: "original\n", script: `sed -i s/original/edited/ inbox/m`, code: -1, name: "m", body: "original\n"},
 		{key: "perl -pi", before: "original\n", script: `perl -pi -e s/original/edited/ inbox/m`, code: -1, name: "m", body: "original\n"},
 	}
@@ -127,13 +131,16 @@ func TestEverydayTools(t *testing.T) {
 	old := time.Date(2024, 3, 1, 12, 0, 0, 0, time.UTC) // rsync -a must keep it
 	must(t, os.Chtimes(filepath.Join(src, "dir", "m"), old, old))
 	testenv.MustSh(t, filepath.Join(src, "dir"), `zip -q ../m.zip m`)
-	for _, tool := range []string{"rsync", "cpio", "unzip", "zip", "perl", "python3", "cc"} {
+	for _, tool := range []string{"rsync", "cpio", "unzip", "zip", "perl", "python3", "cc", "sqlite3"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Fatalf("%s is not installed (.ci/run installs it)", tool)
 		}
 	}
 	eachBackend(t, testenv.DaemonOptions{}, func(t *testing.T, d *testenv.Daemon) {
 		for i, c := range cases {
+			if c.store != "" && !strings.HasSuffix(t.Name(), "/"+c.store) {
+				continue
+			}
 			queue := fmt.Sprintf("t%02d", i)
 			q := mkq(t, d, queue, "")
 			if c.before != "" {
@@ -146,8 +153,8 @@ func TestEverydayTools(t *testing.T) {
 					r = testenv.Result{Code: 1, Stderr: err.Error()}
 				}
 			} else {
-				r = testenv.Sh(t, q, fmt.Sprintf("SRC=%s WORK=%s BIN=%s MNT=%s QUEUE=%s; %s",
-					shq(src), shq(work), shq(testenv.Binary(t)), shq(d.Mountpoint), queue, c.script))
+				r = testenv.Sh(t, q, fmt.Sprintf("SRC=%s WORK=%s BIN=%s MNT=%s QUEUE=%s STORE=%s; %s",
+					shq(src), shq(work), shq(testenv.Binary(t)), shq(d.Mountpoint), queue, shq(d.Store), c.script))
 			}
 			switch {
 			case c.code == -1 && r.Code == 0:
@@ -159,7 +166,7 @@ func TestEverydayTools(t *testing.T) {
 			if body == "" {
 				body = toolBody
 			}
-			checkOneMessage(t, c.key, q, c.name, body)
+			checkOneMessage(t, c.key, q, c.state, c.name, body)
 			if c.key == "rsync -a" {
 				fi, err := os.Stat(filepath.Join(q, "inbox", "m"))
 				if err == nil && !fi.ModTime().Equal(old) {
@@ -172,27 +179,31 @@ func TestEverydayTools(t *testing.T) {
 		time.Sleep(1500 * time.Millisecond)
 		for i, c := range cases {
 			if c.before != "" {
-				checkOneMessage(t, c.key+" (later)", d.Path(fmt.Sprintf("t%02d", i)), c.name, c.body)
+				checkOneMessage(t, c.key+" (later)", d.Path(fmt.Sprintf("t%02d", i)), c.state, c.name, c.body)
 			}
 		}
 	})
 }
 
 // checkOneMessage asserts that the queue holds exactly one message, in
-// inbox/, with that name (any when empty) and body.
-func checkOneMessage(t *testing.T, what, q, name, body string) {
+// state directory dir (inbox when empty), with that name (any when empty)
+// and body, and nothing in any other state directory.
+func checkOneMessage(t *testing.T, what, q, dir, name, body string) {
 	t.Helper()
-	for _, dir := range []string{"processing", "delayed", "dlq", "archive"} {
-		if got := ls(t, filepath.Join(q, dir)); len(got) != 0 {
-			t.Errorf("%s: stray %s/%v", what, dir, got)
+	if dir == "" {
+		dir = "inbox"
+	}
+	for _, other := range []string{"inbox", "processing", "delayed", "dlq", "archive"} {
+		if got := ls(t, filepath.Join(q, other)); other != dir && len(got) != 0 {
+			t.Errorf("%s: stray %s/%v", what, other, got)
 		}
 	}
-	got := ls(t, filepath.Join(q, "inbox"))
+	got := ls(t, filepath.Join(q, dir))
 	if len(got) != 1 || (name != "" && got[0] != name) {
-		t.Errorf("%s: inbox/ holds %q, want exactly one message %q", what, got, name)
+		t.Errorf("%s: %s/ holds %q, want exactly one message %q", what, dir, got, name)
 		return
 	}
-	if b := readFile(t, filepath.Join(q, "inbox", got[0])); b != body {
+	if b := readFile(t, filepath.Join(q, dir, got[0])); b != body {
 		t.Errorf("%s: body %q, want %q", what, b, body)
 	}
 }
