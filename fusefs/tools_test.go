@@ -409,3 +409,52 @@ func TestMetadataChanges(t *testing.T) {
 		wantOut(t, "inbox/r body", readFile(t, p("inbox", "r")), "ready")
 	})
 }
+
+// TestEditorTempNeverDelivered: a consumer leasing everything it sees in
+// inbox/ while sed -i and perl -pi try to edit a message there never gets
+// an editor's temporary file (it would be a second message).
+func TestEditorTempNeverDelivered(t *testing.T) {
+	eachBackend(t, testenv.DaemonOptions{}, func(t *testing.T, d *testenv.Daemon) {
+		q := mkq(t, d, "q", "")
+		inbox, processing := filepath.Join(q, "inbox"), filepath.Join(q, "processing")
+		must(t, os.WriteFile(filepath.Join(inbox, "m"), []byte("original\n"), 0o644))
+		done := make(chan struct{})
+		stray := make(chan []string, 1)
+		go func() { // the consumer: lease whatever is not m
+			var got []string
+			defer func() { stray <- got }()
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				f, err := os.Open(inbox)
+				if err != nil {
+					continue
+				}
+				names, _ := f.Readdirnames(-1)
+				f.Close()
+				for _, name := range names {
+					if name != "m" && os.Rename(filepath.Join(inbox, name), filepath.Join(processing, name)) == nil {
+						got = append(got, name)
+					}
+				}
+			}
+		}()
+		for i := 0; i < 20; i++ {
+			if r := testenv.Sh(t, q, `sed -i s/original/edited/ inbox/m`); r.Code == 0 {
+				t.Fatalf("sed -i on a message succeeded")
+			}
+			if r := testenv.Sh(t, q, `perl -pi -e s/original/edited/ inbox/m`); r.Code == 0 {
+				t.Fatalf("perl -pi on a message succeeded")
+			}
+		}
+		time.Sleep(time.Second) // a held file would be committed by now
+		close(done)
+		if got := <-stray; len(got) != 0 {
+			t.Errorf("the consumer leased editors' temporary files: %q", got)
+		}
+		checkOneMessage(t, "after the edits", q, "inbox", "m", "original\n")
+	})
+}
