@@ -35,7 +35,7 @@ func smallFS(t *testing.T, size string) string {
 }
 
 // A store on a full filesystem: the commit that does not fit fails its
-// close(2) with ENOSPC (SPEC.md §2), nothing is half visible, the daemon
+// close(2) with ENOSPC (docs/contract.md §2), nothing is half visible, the daemon
 // lives on, and once there is room again publishing works and the store
 // survives a restart whole.
 func TestDiskFull(t *testing.T) {

@@ -1,5 +1,5 @@
 // Package fusefs serves a queuecore.Core as a FUSE filesystem: every queue
-// is a directory, plain file operations are the API (SPEC.md §1–§6, §8).
+// is a directory, plain file operations are the API (docs/contract.md §1–§6, §8).
 // Nodes are thin: they translate syscalls into core calls and the core's
 // errors into errnos (errno.go is the only place that does that).
 //

@@ -13,7 +13,7 @@ import (
 	"yirangmq/testenv"
 )
 
-// The errnos of SPEC.md §2 at close(2), write(2) and create, seen by a
+// The errnos of docs/contract.md §2 at close(2), write(2) and create, seen by a
 // legacy C program, and where the message ends up.
 
 // A body the queue's format rejects fails its close with EINVAL and is kept

@@ -151,7 +151,7 @@ func (f *FS) Stop() {
 	f.wg.Wait()
 }
 
-// Inode numbers fit in 32 bits (SPEC.md §2) so that 32-bit programs built
+// Inode numbers fit in 32 bits (docs/contract.md §2) so that 32-bit programs built
 // without large-file support can stat every file:
 //
 //	1, 2, 3                   the root, /.stats, /.metrics

@@ -61,7 +61,11 @@ func (n *msgNode) fillAttr(ctx context.Context, out *fuse.Attr) syscall.Errno {
 		out.Size = uint64(len(p.buf))
 		out.Nlink = 1
 		out.Uid, out.Gid = p.uid, p.gid
-		out.SetTimes(&p.created, &p.created, &p.created)
+		t := p.created
+		if !p.mtime.IsZero() {
+			t = p.mtime
+		}
+		out.SetTimes(&t, &t, &t)
 		out.Blksize = 4096
 		out.Blocks = (out.Size + 511) / 512
 		n.mu.Unlock()
@@ -77,7 +81,7 @@ func (n *msgNode) fillAttr(ctx context.Context, out *fuse.Attr) syscall.Errno {
 }
 
 // fillMessage sets a message's attributes; its times say what its state
-// means (SPEC.md §2): commit time in inbox/, lease deadline in processing/,
+// means (docs/contract.md §2): commit time in inbox/, lease deadline in processing/,
 // due time in delayed/, dead-letter time in dlq/, ack time in archive/.
 func fillMessage(out *fuse.Attr, m queuecore.Message) {
 	t := m.StateAt
@@ -154,8 +158,14 @@ func (n *msgNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off i
 var _ = (fs.NodeSetattrer)((*msgNode)(nil))
 
 // Setattr: touch of a leased message extends its lease (touch -d sets the
-// deadline); a file being written may be truncated and have its mode and
-// times set (cp -p, rsync); anything else on a committed message is EPERM.
+// deadline); a file being written may be truncated, and the modification
+// time its writer sets is kept as the message's inbox mtime (rsync, cp -p,
+// tar); chmod, chown and utimes that do not change what the queue means
+// are accepted and ignored, on a file being written and on a committed
+// message alike, by path or by descriptor (install -m, shutil.copy2,
+// rsync --inplace, unzip): a tool must not report a failure after its
+// message was published, or a retry publishes it twice. Truncating a
+// committed message or giving it to another owner is EPERM.
 func (n *msgNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	n.mu.Lock()
 	p := n.pend
@@ -166,28 +176,30 @@ func (n *msgNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAtt
 				return errno
 			}
 		}
+		if mtime, ok := in.GetMTime(); ok && in.Valid&fuse.FATTR_MTIME_NOW == 0 && !p.done {
+			p.mtime = mtime
+		}
 		n.mu.Unlock()
 		return n.fillAttr(ctx, &out.Attr)
 	}
 	name := n.name
 	n.mu.Unlock()
-	_, hasSize := in.GetSize()
-	_, hasMode := in.GetMode()
-	_, hasUID := in.GetUID()
-	_, hasGID := in.GetGID()
 	mtime, hasMtime := in.GetMTime()
-	if hasSize || hasMode || hasUID || hasGID {
-		n.fsys.log.Warn("setattr refused: committed messages are immutable", "queue", n.queue, "name", name)
+	if _, hasSize := in.GetSize(); hasSize {
+		n.fsys.log.Warn("truncate refused: committed messages are immutable", "queue", n.queue, "name", name)
 		return syscall.EPERM
 	}
-	if hasMtime || in.Valid&(fuse.FATTR_MTIME_NOW|fuse.FATTR_ATIME|fuse.FATTR_ATIME_NOW) != 0 {
-		m, err := n.current(ctx)
-		if err != nil {
-			return errnoOf(err)
-		}
-		if m.State != queuecore.StateLeased {
-			return syscall.EPERM // only a lease has a deadline to move
-		}
+	m, err := n.current(ctx)
+	if err != nil {
+		return errnoOf(err)
+	}
+	uid, hasUID := in.GetUID()
+	gid, hasGID := in.GetGID()
+	if (hasUID && uid != m.UID) || (hasGID && gid != m.GID) {
+		n.fsys.log.Warn("chown refused: a message stays owned by its publisher", "queue", n.queue, "name", name)
+		return syscall.EPERM
+	}
+	if m.State == queuecore.StateLeased && (hasMtime || in.Valid&(fuse.FATTR_MTIME_NOW|fuse.FATTR_ATIME|fuse.FATTR_ATIME_NOW) != 0) {
 		var deadline time.Time // zero: now + visibility timeout
 		if hasMtime && in.Valid&fuse.FATTR_MTIME_NOW == 0 {
 			deadline = mtime
@@ -196,10 +208,11 @@ func (n *msgNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAtt
 		if err != nil {
 			return errnoOf(err)
 		}
-		fillMessage(&out.Attr, m)
-		return 0
 	}
-	return n.fillAttr(ctx, &out.Attr)
+	// Anything else (a mode, the owner it has, the times of a message
+	// not leased) is accepted and changes nothing.
+	fillMessage(&out.Attr, m)
+	return 0
 }
 
 var _ = (fs.NodeWriter)((*msgNode)(nil))
@@ -230,7 +243,7 @@ func (n *msgNode) Write(ctx context.Context, fh fs.FileHandle, data []byte, off 
 func len64(b []byte) int64 { return int64(len(b)) }
 
 // resizeLocked grows or truncates the buffer of a file being written; past
-// the queue's maxMessageBytes it is EFBIG, at write(2) as SPEC.md says.
+// the queue's maxMessageBytes it is EFBIG, at write(2) as docs/contract.md says.
 func (n *msgNode) resizeLocked(size int64) syscall.Errno {
 	p := n.pend
 	if p.done {
@@ -276,7 +289,7 @@ func (n *msgNode) Flush(ctx context.Context, fh fs.FileHandle) syscall.Errno {
 	p := n.pend
 	// A file refused with EFBIG is settled at its creator's close too, even
 	// when no write succeeded, so that close(2) reports the EFBIG.
-	ready := p != nil && !p.draft && !p.done && (p.written || p.tooBig)
+	ready := p != nil && !p.draft && !p.editorTemp && !p.done && (p.written || p.tooBig)
 	var creator uint32
 	if p != nil {
 		creator = p.creator
@@ -298,6 +311,9 @@ var _ = (fs.NodeReleaser)((*msgNode)(nil))
 func (n *msgNode) Release(ctx context.Context, fh fs.FileHandle) syscall.Errno {
 	if _, ok := fh.(*writeHandle); !ok {
 		return 0
+	}
+	if n.holdAtRelease() {
+		return 0 // an editor's temporary file: see editortemp.go
 	}
 	n.mu.Lock()
 	p := n.pend

@@ -12,7 +12,7 @@ import (
 // pending is a file in inbox/ that is not a message yet: being written, or
 // a draft (.NAME) waiting for its rename.
 //
-// The commit point (SPEC.md §2): close(2) reaches the daemon as FLUSH,
+// The commit point (docs/contract.md §2): close(2) reaches the daemon as FLUSH,
 // once per closed descriptor (also when a child that inherited it exits),
 // and the last close as RELEASE, asynchronously. So the commit happens at
 // the FLUSH from the creating process once a byte was written, and its
@@ -32,6 +32,13 @@ type pending struct {
 	tooBig  bool // EFBIG already logged
 	done    bool // committed, refused or discarded: later writes are EPERM
 
+	// editorTemp: named like an in-place editor's temporary file, held
+	// until renamed or until its creator exits (editortemp.go), whose
+	// pidfd is creatorFD (-1 when none).
+	editorTemp bool
+	creatorFD  int
+
+	mtime    time.Time     // set by the writer (utimes before the commit): kept as the inbox mtime
 	delay    time.Duration // user.yirangmq.delay_sec
 	dedupKey string        // user.yirangmq.dedup_key
 }
@@ -66,7 +73,7 @@ func (n *msgNode) commit(ctx context.Context) syscall.Errno {
 		return syscall.EFBIG
 	}
 	res, err := n.fsys.core.Publish(ctx, n.queue, n.name, p.buf, queuecore.PublishOptions{
-		UID: p.uid, GID: p.gid, Delay: p.delay, DedupKey: p.dedupKey, ID: n.id,
+		UID: p.uid, GID: p.gid, Delay: p.delay, DedupKey: p.dedupKey, ID: n.id, MTime: p.mtime,
 	})
 	var ve *queuecore.ValidationError
 	switch {
@@ -103,7 +110,7 @@ func (n *msgNode) rename(newName string) syscall.Errno {
 		return syscall.ENOENT
 	}
 	n.name = newName
-	n.pend.draft = false
+	n.pend.draft, n.pend.editorTemp = false, false
 	return 0
 }
 

@@ -97,7 +97,7 @@ var _ = (fs.NodeReaddirer)((*queueNode)(nil))
 // empties archive/ after its acks have landed there), then .stats and
 // .policy; .next is found by exact name only.
 func (q *queueNode) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
-	var entries []fuse.DirEntry
+	entries := dots(q.fsys.queueIno(q.queue, kQueueDir), fuse.FUSE_ROOT_ID)
 	for _, s := range queuecore.States {
 		entries = append(entries, fuse.DirEntry{Name: s.Dir(), Mode: syscall.S_IFDIR, Ino: q.fsys.queueIno(q.queue, uint32(s))})
 	}

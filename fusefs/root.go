@@ -57,10 +57,10 @@ func (r *rootNode) queueInode(ctx context.Context, name string, out *fuse.EntryO
 var _ = (fs.NodeReaddirer)((*rootNode)(nil))
 
 func (r *rootNode) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
-	entries := []fuse.DirEntry{
+	entries := append(dots(fuse.FUSE_ROOT_ID, fuse.FUSE_ROOT_ID), []fuse.DirEntry{
 		{Name: ".stats", Mode: syscall.S_IFREG, Ino: inoRootStats},
 		{Name: ".metrics", Mode: syscall.S_IFREG, Ino: inoMetrics},
-	}
+	}...)
 	for _, q := range r.fsys.core.QueueNames() {
 		entries = append(entries, fuse.DirEntry{Name: q, Mode: syscall.S_IFDIR, Ino: r.fsys.queueIno(q, kQueueDir)})
 	}

@@ -45,7 +45,7 @@ func TestShellWalkThrough(t *testing.T) {
 	})
 }
 
-// The shell patterns of SPEC.md §2: each commits exactly one whole
+// The shell patterns of docs/contract.md §2: each commits exactly one whole
 // message at the right moment.
 func TestCommitPatterns(t *testing.T) {
 	eachBackend(t, testenv.DaemonOptions{}, func(t *testing.T, d *testenv.Daemon) {
@@ -121,7 +121,7 @@ func TestDrafts(t *testing.T) {
 	})
 }
 
-// Every row of the table of SPEC.md §2, through mv, rm and touch.
+// Every row of the table of docs/contract.md §2, through mv, rm and touch.
 func TestTransitions(t *testing.T) {
 	policy := `{"visibilityTimeoutSec": 60, "retry": {"limit": 3, "backoff": "fixed", "initialDelaySec": 30, "maxDelaySec": 30}}`
 	eachBackend(t, testenv.DaemonOptions{}, func(t *testing.T, d *testenv.Daemon) {
@@ -194,13 +194,15 @@ func TestForbiddenOperations(t *testing.T) {
 			{`echo x > processing/new`, "Operation not permitted"},
 			{`echo x > dlq/new`, "Operation not permitted"},
 			{`echo x > newfile`, "Operation not permitted"},
-			{`mv inbox/m inbox/renamed`, "Operation not permitted"},
+			{`mv inbox/m inbox/.renamed`, "Operation not permitted"},
+			{`mv inbox/m inbox/leased`, "File exists"},
+			{`mv processing/leased processing/renamed`, "Operation not permitted"},
 			{`mv inbox/m archive/`, "Operation not permitted"},
 			{`mv inbox/m delayed/`, "Operation not permitted"},
 			{`mv inbox/m ../other/inbox/`, "Operation not permitted"},
 			{`mkdir inbox/sub`, "Operation not permitted"},
 			{`mkdir sub`, "Operation not permitted"},
-			{`chmod 600 inbox/m`, "Operation not permitted"},
+			{`chown 1:1 inbox/m`, "Operation not permitted"},
 			{`echo x > inbox/leased`, "File exists"},
 			{`mv inbox/missing processing/`, "No such file"},
 			{`rm processing/missing`, "No such file"},

@@ -74,7 +74,7 @@ var _ = (fs.NodeReaddirer)((*stateDir)(nil))
 // Readdir lists committed messages: inbox/ in delivery order (priority,
 // then FIFO), the others by their timestamp.
 func (d *stateDir) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
-	var entries []fuse.DirEntry
+	entries := dots(d.fsys.queueIno(d.queue, uint32(d.state)), d.fsys.queueIno(d.queue, kQueueDir))
 	err := d.fsys.core.List(ctx, d.queue, d.state, func(m queuecore.Message) bool {
 		entries = append(entries, fuse.DirEntry{Name: m.Name, Mode: syscall.S_IFREG, Ino: msgIno(m.ID)})
 		return true
@@ -119,7 +119,11 @@ func (d *stateDir) Create(ctx context.Context, name string, flags uint32, mode u
 	uid, gid, pid := caller(ctx)
 	n := &msgNode{fsys: d.fsys, queue: d.queue, name: name, id: d.fsys.core.NewID(), pend: &pending{
 		draft: draft, creator: pid, uid: uid, gid: gid, created: time.Now(), limit: policy.MaxMessageBytes,
+		editorTemp: !draft && isEditorTemp(name), creatorFD: -1,
 	}}
+	if n.pend.editorTemp {
+		n.pend.creatorFD = openCreator(pid)
+	}
 	key := pendingKey{d.queue, name}
 	d.fsys.mu.Lock()
 	if _, busy := d.fsys.pending[key]; busy {
@@ -156,7 +160,7 @@ func (d *stateDir) Unlink(ctx context.Context, name string) syscall.Errno {
 
 var _ = (fs.NodeRenamer)((*stateDir)(nil))
 
-// Rename is a transition of SPEC.md §2, or the commit of a draft.
+// Rename is a transition of docs/contract.md §2, or the commit of a draft.
 func (d *stateDir) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
 	if flags&^uint32(unix.RENAME_NOREPLACE) != 0 {
 		return syscall.EINVAL // RENAME_EXCHANGE, RENAME_WHITEOUT
@@ -165,11 +169,17 @@ func (d *stateDir) Rename(ctx context.Context, name string, newParent fs.InodeEm
 	if !ok {
 		return syscall.EPERM
 	}
-	if d.state == queuecore.StateReady && strings.HasPrefix(name, ".") {
-		return d.commitDraft(ctx, name, to, newName)
-	}
 	if p := d.fsys.pendingFile(d.queue, name); p != nil && d.state == queuecore.StateReady {
-		return syscall.ENOENT // not committed yet: not a message
+		if p.held() {
+			return d.commitDraft(ctx, name, to, newName) // a draft or an editor's temporary file
+		}
+		return d.renamePending(ctx, p, name, to, newName)
+	}
+	if d.state == queuecore.StateReady && strings.HasPrefix(name, ".") {
+		return syscall.ENOENT // a draft that is gone
+	}
+	if d.state == queuecore.StateReady && to.state == queuecore.StateReady && to.queue == d.queue && newName != name {
+		return d.renameReady(ctx, name, newName)
 	}
 	if newName != name {
 		d.fsys.log.Warn("rename refused: a message keeps its name", "queue", d.queue, "name", name, "new", newName)
@@ -201,6 +211,73 @@ func (d *stateDir) Rename(ctx context.Context, name string, newParent fs.InodeEm
 	return 0
 }
 
+// renameReady gives a ready message that no one has leased a new name in
+// inbox/: the temp-then-rename idiom (os.CreateTemp + os.Rename, Python's
+// NamedTemporaryFile + os.replace, mkstemp + rename), whose temporary file
+// was published at its close. A consumer that leased the temporary name
+// first wins: the rename is ENOENT and the message is delivered once.
+func (d *stateDir) renameReady(ctx context.Context, name, newName string) syscall.Errno {
+	if strings.HasPrefix(newName, ".") {
+		d.fsys.log.Warn("rename refused: a message cannot become a draft", "queue", d.queue, "name", name, "new", newName)
+		return syscall.EPERM
+	}
+	if d.fsys.pendingFile(d.queue, newName) != nil {
+		return syscall.EEXIST // a file being written holds that name
+	}
+	m, err := d.fsys.core.Rename(ctx, d.queue, name, newName)
+	if err != nil {
+		d.fsys.log.Info("rename refused", "queue", d.queue, "name", name, "new", newName, "err", err)
+		return errnoOf(err)
+	}
+	// The kernel moves its dentry and inode to newName once this returns;
+	// the node must answer for the message under its new name.
+	if child := d.GetChild(name); child != nil {
+		if n, ok := child.Operations().(*msgNode); ok && n.id == m.ID {
+			n.mu.Lock()
+			n.name = newName
+			n.mu.Unlock()
+		}
+	}
+	return 0
+}
+
+// renamePending renames a file still being written (mkstemp, write,
+// rename, then close): it is committed at its close under the new name.
+func (d *stateDir) renamePending(ctx context.Context, p *msgNode, name string, to *stateDir, newName string) syscall.Errno {
+	if to.queue != d.queue || to.state != queuecore.StateReady {
+		return syscall.ENOENT // not committed yet: not a message to lease or move
+	}
+	if strings.HasPrefix(newName, ".") {
+		d.fsys.log.Warn("rename refused: a file being written cannot become a draft",
+			"queue", d.queue, "name", name, "to", to.queue+"/"+to.state.Dir()+"/"+newName)
+		return syscall.EPERM
+	}
+	if newName == name {
+		return 0
+	}
+	if err := d.fsys.core.CheckPublish(ctx, d.queue, newName); err != nil {
+		return errnoOf(err)
+	}
+	// A node's mutex before f.mu, as everywhere (see sweepDrafts).
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.pend == nil || p.pend.done {
+		return syscall.ENOENT // committed meanwhile: the caller may retry
+	}
+	d.fsys.mu.Lock()
+	defer d.fsys.mu.Unlock()
+	if _, busy := d.fsys.pending[pendingKey{d.queue, newName}]; busy {
+		return syscall.EEXIST
+	}
+	if d.fsys.pending[pendingKey{d.queue, name}] != p {
+		return syscall.ENOENT
+	}
+	delete(d.fsys.pending, pendingKey{d.queue, name})
+	d.fsys.pending[pendingKey{d.queue, newName}] = p
+	p.name = newName
+	return 0
+}
+
 // commitDraft publishes a draft .NAME renamed to NAME in the same inbox/.
 func (d *stateDir) commitDraft(ctx context.Context, name string, to *stateDir, newName string) syscall.Errno {
 	if to.queue != d.queue || to.state != queuecore.StateReady || strings.HasPrefix(newName, ".") {
@@ -213,8 +290,11 @@ func (d *stateDir) commitDraft(ctx context.Context, name string, to *stateDir, n
 		return syscall.ENOENT
 	}
 	// A rename that fails leaves its source where it was: check first, and
-	// give the draft back its name if the commit still fails.
+	// give the draft back its name if the commit still fails. An editor's
+	// temporary file renamed onto a message (sed -i, perl -pi) becomes a
+	// draft: the edit was refused, and it must never be delivered.
 	if err := d.fsys.core.CheckPublish(ctx, d.queue, newName); err != nil {
+		p.keepAsDraft()
 		return errnoOf(err)
 	}
 	if d.fsys.takePending(d.queue, name) != p {
@@ -264,17 +344,26 @@ func (d *stateDir) Mknod(ctx context.Context, name string, mode uint32, dev uint
 
 var _ = (fs.NodeSetattrer)((*stateDir)(nil))
 
+// Setattr of a state directory: its mode and owner are its queue's (chmod
+// and chown the queue directory to change them), so a chmod and utimes are
+// accepted and change nothing, as is a chown to the owner it has (`cp -a
+// dir/. inbox/` and `rsync -a dir/ inbox/` set them on the target); a
+// chown to another owner is EPERM.
 func (d *stateDir) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	if _, ok := in.GetMode(); ok {
-		return syscall.EPERM // state directories follow their queue's mode
+	info, err := d.fsys.core.QueueInfo(d.queue)
+	if err != nil {
+		return errnoOf(err)
 	}
-	if _, ok := in.GetUID(); ok {
+	if _, ok := in.GetSize(); ok {
+		return syscall.EISDIR
+	}
+	uid, hasUID := in.GetUID()
+	gid, hasGID := in.GetGID()
+	if (hasUID && uid != info.UID) || (hasGID && gid != info.GID) {
+		d.fsys.log.Warn("chown refused: state directories follow their queue", "queue", d.queue, "dir", d.state.Dir())
 		return syscall.EPERM
 	}
-	if _, ok := in.GetGID(); ok {
-		return syscall.EPERM
-	}
-	return d.Getattr(ctx, fh, out) // touch of a directory: nothing to change
+	return d.Getattr(ctx, fh, out)
 }
 
 func (f *FS) takePending(queue, name string) *msgNode {
@@ -284,4 +373,13 @@ func (f *FS) takePending(queue, name string) *msgNode {
 	n := f.pending[key]
 	delete(f.pending, key)
 	return n
+}
+
+var _ = (fs.NodeSetxattrer)((*stateDir)(nil))
+
+// Setxattr: a state directory has no extended attributes of its own;
+// ENOTSUP (not ENODATA) tells cp -a and rsync -A that ACLs are not
+// supported here, which they accept.
+func (d *stateDir) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	return syscall.ENOTSUP
 }

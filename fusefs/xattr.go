@@ -12,7 +12,7 @@ import (
 	"yirangmq/queuecore"
 )
 
-// Extended attributes of SPEC.md §4, all under user.yirangmq.
+// Extended attributes of docs/contract.md §4, all under user.yirangmq.
 const xattrPrefix = "user.yirangmq."
 
 // messageXattrs returns the attributes of a message, in listing order.

@@ -99,7 +99,7 @@ func holdOpen(t *testing.T, dir, path, body string) (closeIt func() string) {
 	}
 }
 
-// getfattr -d in every state shows the keys SPEC.md §4 gives that state,
+// getfattr -d in every state shows the keys docs/contract.md §4 gives that state,
 // with plain-text values that mean what they say.
 func TestXattrsInEveryState(t *testing.T) {
 	policy := `{"visibilityTimeoutSec": 120, "retry": {"limit": 3, "backoff": "fixed", "initialDelaySec": 300, "maxDelaySec": 300}}`

@@ -8,7 +8,7 @@ import (
 
 // The names that reach the core come from FUSE requests: any bytes but '/'
 // and NUL, which the kernel never passes in a name. These targets hold the
-// checks to what SPEC.md §1 and §2 promise, since a store turns accepted
+// checks to what docs/contract.md §1 and §2 promise, since a store turns accepted
 // names into paths (the fs store) or keys.
 
 func FuzzCheckQueueName(f *testing.F) {
@@ -63,7 +63,7 @@ func FuzzCheckMessageName(f *testing.F) {
 			if strings.ContainsAny(err.Error(), "\n\r\x00") {
 				t.Fatalf("error for %q spans lines: %q", name, err.Error())
 			}
-			// Refused only for what SPEC.md §2 refuses.
+			// Refused only for what docs/contract.md §2 refuses.
 			if len(name) >= 1 && len(name) <= MaxMessageName && name[0] != '.' && !strings.ContainsAny(name, "/\x00") {
 				t.Fatalf("refused the valid POSIX name %q: %v", name, err)
 			}

@@ -60,6 +60,11 @@ type PublishOptions struct {
 	// ID, when not zero, is the message's ID, reserved with NewID when the
 	// file was created, so its inode number holds from create to ack.
 	ID uint64
+	// MTime, when not zero, is the modification time the writer set on
+	// its file before the commit (rsync, cp -p, tar): the message's inbox
+	// mtime (PublishedAt) keeps it, so that rsync finds it unchanged on a
+	// re-run. FirstAt stays the commit time.
+	MTime time.Time
 }
 
 // PublishResult is what a publish committed.
@@ -129,6 +134,9 @@ func (c *Core) publish(ctx context.Context, q *queue, name string, body []byte, 
 		Priority: chk.facts.Priority, Size: int64(len(chk.body)),
 		MessageID: chk.facts.MessageID, PublishedAt: now, FirstAt: now, StateAt: now,
 		DedupKey: dedupKey, UID: o.UID, GID: o.GID,
+	}
+	if !o.MTime.IsZero() {
+		m.PublishedAt = o.MTime
 	}
 	if m.MessageID == "" {
 		m.MessageID = c.newMessageID()
@@ -341,6 +349,11 @@ func (c *Core) Lease(ctx context.Context, queueName, name, consumer string) (Mes
 func (c *Core) leaseOps(q *queue, m Message, p *Policy, now time.Time, consumer string, b *batch) {
 	old := m
 	m.State, m.StateAt, m.Deadline, m.Consumer = StateLeased, now, now.Add(p.VisibilityTimeout()), consumer
+	if releasedByConsumer(m) {
+		// The give-back of an earlier lease is no reason of this one: a
+		// plain nack of this lease must count.
+		m.Reason, m.ReasonMessage = "", ""
+	}
 	b.update(q, old, m)
 	b.count(func(now time.Time) {
 		q.counters.leased.Add(1)
@@ -491,9 +504,15 @@ func (c *Core) ackOps(ctx context.Context, q *queue, m Message, p *Policy, now t
 
 // Nack returns a leased message (mv processing/X inbox/): the attempt is
 // counted and the message waits out its backoff, or is dead-lettered once
-// the retry limit is spent.
+// the retry limit is spent. A consumer that set reason RELEASED on its
+// lease gives the message back instead: to inbox/ at once, no attempt
+// counted (a consumer stopping is not a failure of the message).
 func (c *Core) Nack(ctx context.Context, queueName, name string) (Message, error) {
 	return c.single(ctx, queueName, name, StateLeased, false, func(q *queue, m Message, p *Policy, now time.Time, b *batch) error {
+		if releasedByConsumer(m) {
+			c.releaseOps(q, m, now, b)
+			return nil
+		}
 		c.failOps(q, m, p, now, ReasonNacked, "returned by its consumer", b)
 		b.count(func(time.Time) { q.counters.nacked.Add(1) })
 		return nil
@@ -748,7 +767,7 @@ func (c *Core) Purge(ctx context.Context, queueName string, s State) (int, error
 	}
 }
 
-// Move is a rename in a mount: it carries out the transition of SPEC.md §2
+// Move is a rename in a mount: it carries out the transition of docs/contract.md §2
 // from (queue, state from, name) to (toQueue, state to), or fails with
 // ErrNotAllowed for a transition the table does not have and ErrNotFound
 // when the message is not where the caller says.

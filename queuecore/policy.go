@@ -13,7 +13,7 @@ import (
 )
 
 // Policy is what a queue does with its messages (QUEUE/.policy). The JSON
-// form is the contract of SPEC.md §5; fields left out take their defaults.
+// form is the contract of docs/contract.md §5; fields left out take their defaults.
 type Policy struct {
 	VisibilityTimeoutSec int           `json:"visibilityTimeoutSec"`
 	MaxLeaseSec          int           `json:"maxLeaseSec"` // cap on a deadline set by touch -d

@@ -117,8 +117,14 @@ func (c *Core) Stats(ctx context.Context, queueName string) (QueueStats, error) 
 	var oldest time.Time
 	n := 0
 	if err := c.store.List(ctx, queueName, StateReady, func(m Message) bool {
-		if oldest.IsZero() || m.PublishedAt.Before(oldest) {
-			oldest = m.PublishedAt
+		// PublishedAt may be a time its writer set (PublishOptions.MTime);
+		// the commit time is then FirstAt, and after a redrive PublishedAt.
+		at := m.PublishedAt
+		if m.FirstAt.After(at) {
+			at = m.FirstAt
+		}
+		if oldest.IsZero() || at.Before(oldest) {
+			oldest = at
 		}
 		n++
 		return n < oldestScan

@@ -75,7 +75,7 @@ type Message struct {
 	Size     int64
 
 	MessageID   string    // envelope messageId, or a UUID given at publish
-	PublishedAt time.Time // commit time of this publish (inbox mtime)
+	PublishedAt time.Time // commit time of this publish, or the mtime its writer set before it (inbox mtime)
 	FirstAt     time.Time // first publish time, kept across redrives
 	StateAt     time.Time // when the message entered its current state
 	// Deadline is the lease deadline in processing/ and the due time in

@@ -13,7 +13,7 @@ import (
 	"github.com/google/uuid"
 )
 
-// Envelope is the JSON envelope of SPEC.md §5: the fields a producer may
+// Envelope is the JSON envelope of docs/contract.md §5: the fields a producer may
 // send. Anything else in the object is rejected, so a typo is caught at
 // close(2) instead of in a consumer.
 type Envelope struct {

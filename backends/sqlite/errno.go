@@ -9,7 +9,7 @@ import (
 )
 
 // withErrno adds to a failed write the errno a filesystem would give, so
-// that errors.As finds it (fusefs makes it what close(2) returns; SPEC.md
+// that errors.As finds it (fusefs makes it what close(2) returns; docs/contract.md
 // §2 promises ENOSPC for a full disk). sqlite3.Error has no Unwrap, and
 // SQLite reports ENOSPC and EDQUOT from write(2) as SQLITE_FULL with no
 // system errno: without this a full disk was a bare EIO.

@@ -28,11 +28,11 @@ import (
 //
 // SIGINT or SIGTERM stops it cleanly: no new lease is taken (blocked .next
 // reads are interrupted), running handlers get the signal and are waited
-// for, and every lease ends acked or nacked.
+// for, and every lease ends acked, nacked or given back (RELEASED).
 func runConsume(ctx context.Context, env *cliEnv, args []string) error {
 	fl := pflag.NewFlagSet("consume", pflag.ContinueOnError)
 	clientUsage(fl, "consume [--mount M] --queue Q [--concurrency N] [--max-messages K] [--drain] -- COMMAND [ARGS]",
-		"Runs COMMAND for every message of the queue, with the body on stdin and the\nmessage's path in $YIRANGMQ_MESSAGE. Exit 0 acks the message; any other exit\nnacks it with reason HANDLER_FAILED and the last line of stderr. The lease is\nextended while COMMAND runs. SIGINT/SIGTERM take no new message, are passed\non to running commands, and leave no lease behind.")
+		"Runs COMMAND for every message of the queue, with the body on stdin and the\nmessage's path in $YIRANGMQ_MESSAGE. Exit 0 acks the message; any other exit\nnacks it with reason HANDLER_FAILED and the last line of stderr. The lease is\nextended while COMMAND runs. SIGINT/SIGTERM take no new message, are passed\non to running commands, and leave no lease behind: a message whose command\nwas stopped goes back to inbox/ with reason RELEASED, its attempts unchanged.")
 	c := &consumer{}
 	var mount, queue string
 	addMountFlag(fl, &mount)
@@ -227,7 +227,7 @@ func (c *consumer) work() error {
 		}
 		if c.stopping() {
 			// The lease came as the read was interrupted: give it back.
-			c.nack(name, "", "")
+			c.release(name)
 			return nil
 		}
 		c.handle(name)
@@ -313,11 +313,40 @@ func (c *consumer) handle(name string) {
 		c.ack(name)
 		return
 	}
+	if c.stopping() {
+		// The handler was stopped with us (it got our signal): that is no
+		// failure of the message. Give it back without counting an
+		// attempt, so that a deploy or a restart never pushes messages
+		// towards the dead-letter queue.
+		c.release(name)
+		return
+	}
 	msg := err.Error()
 	if line := tail.last(); line != "" {
 		msg += ": " + line
 	}
 	c.nack(name, "HANDLER_FAILED", msg)
+}
+
+// release gives a leased message back to inbox/ at once without counting
+// an attempt: reason RELEASED on the lease, then the rename a nack makes
+// (docs/contract.md, "Giving a message back").
+func (c *consumer) release(name string) {
+	path := c.q.path("processing", name)
+	err := retryEINTR(func() error { return unix.Setxattr(path, "user.yirangmq.reason", []byte("RELEASED"), 0) })
+	if err == nil {
+		err = retryEINTR(func() error { return os.Rename(path, c.q.path("inbox", name)) })
+	}
+	switch {
+	case err == nil:
+		if c.verbose {
+			fmt.Fprintf(c.stderr, "yirangmq consume: %s: given back unhandled (stopping)\n", name)
+		}
+	case errors.Is(err, os.ErrNotExist):
+		fmt.Fprintf(c.stderr, "yirangmq consume: %s: stopping; the message had already left processing/\n", name)
+	default:
+		fmt.Fprintf(c.stderr, "yirangmq consume: %s: giving the message back failed: %v\n", name, err)
+	}
 }
 
 // heartbeat extends the lease every interval, as touch(1) does (the

@@ -281,3 +281,66 @@ func TestReadNextInterrupt(t *testing.T) {
 		t.Errorf("readNext: %q, %v; want %q", got, err, name)
 	}
 }
+
+// TestConsumeSIGTERMReleases: a handler stopped by the consumer's SIGTERM
+// gives its message back at once, its attempts unchanged (reason
+// RELEASED): a deploy must not push messages towards the dlq. A nack by
+// hand still counts.
+func TestConsumeSIGTERMReleases(t *testing.T) {
+	d := startMount(t)
+	mkqueue(t, d, "jobs", `{"retry": {"limit": 3, "backoff": "fixed", "initialDelaySec": 60, "maxDelaySec": 60}}`)
+	mark := filepath.Join(t.TempDir(), "mark")
+	cmd := exec.Command(testenv.Binary(t), "consume", "--mount", d.Mountpoint, "--queue", "jobs", "--", "sh", "-c", `cat >/dev/null; touch "$MARK"; sleep 30`)
+	cmd.Env = append(os.Environ(), "MARK="+mark)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() { cmd.Process.Kill() })
+
+	name := publishN(t, d, "jobs", "work")[0]
+	retryUntil(t, 10*time.Second, "the handler never started", func() bool {
+		_, err := os.Stat(mark)
+		return err == nil
+	})
+	cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Errorf("consume exited with %v:\n%s", err, out.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("consume did not exit after SIGTERM:\n%s", out.String())
+	}
+	if got := names(t, d, "jobs", "inbox"); len(got) != 1 || got[0] != name {
+		t.Fatalf("inbox holds %q, want [%s] back at once:\n%s", got, name, out.String())
+	}
+	p := msgPath(d, "jobs", "inbox", name)
+	if v := xattr(t, p, "attempts"); v != "0" {
+		t.Errorf("attempts %q after SIGTERM, want 0", v)
+	}
+	if v := xattr(t, p, "reason"); v != "RELEASED" {
+		t.Errorf("reason %q after SIGTERM, want RELEASED", v)
+	}
+	if s := queueStats(t, d, "jobs"); s.NackedTotal != 0 {
+		t.Errorf("nacked_total %d after SIGTERM, want 0", s.NackedTotal)
+	}
+	// A nack by hand (no reason set) counts an attempt, as always.
+	lease := msgPath(d, "jobs", "processing", name)
+	if err := os.Rename(p, lease); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(lease, p); err != nil {
+		t.Fatal(err)
+	}
+	delayed := msgPath(d, "jobs", "delayed", name)
+	if v := xattr(t, delayed, "attempts"); v != "1" {
+		t.Errorf("attempts %q after a nack, want 1", v)
+	}
+	if v := xattr(t, delayed, "reason"); v != "NACKED" {
+		t.Errorf("reason %q after a nack, want NACKED", v)
+	}
+}

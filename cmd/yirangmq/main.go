@@ -39,6 +39,7 @@ func commands() []command {
 		{"pause", "stop a queue's deliveries (publishing goes on)", runPause},
 		{"resume", "restart a paused queue's deliveries", runResume},
 		{"drain", "wait until a queue has nothing ready, in flight or delayed", runDrain},
+		{"announce", "make inbox/ raise an inotify event for every message that becomes ready", runAnnounce},
 		{"version", "print the version", runVersion},
 		{"reference", "print this command line reference as Markdown (docs/cli.md)", runReference},
 	}

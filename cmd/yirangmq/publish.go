@@ -122,7 +122,7 @@ func publishOne(q queueRef, name string, body []byte) error {
 	return nil
 }
 
-// publishError turns the errnos of SPEC.md §2 into sentences.
+// publishError turns the errnos of docs/contract.md §2 into sentences.
 func publishError(q queueRef, name, op string, err error) error {
 	var errno syscall.Errno
 	if !errors.As(err, &errno) {
