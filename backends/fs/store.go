@@ -95,6 +95,11 @@ type Store struct {
 	sinceCkpt   int64 // journal bytes since the last rotation
 	ckptAt      int64 // sinceCkpt that triggers a checkpoint
 	ckptRunning bool
+	// stalled is set while file operations wait for space (runFileOps);
+	// held is a checkpoint that rotated the journal but could not finish
+	// for lack of space: Reclaim finishes it (space.go).
+	stalled bool
+	held    *heldCheckpoint
 	inflight    sync.WaitGroup // commits that have not returned
 
 	cur     atomic.Pointer[journal] // the journal appended to; replaced under mu
@@ -168,12 +173,20 @@ func (s *Store) Close() error {
 
 	var errs []error
 	s.mu.RLock()
-	failed, dirty := s.failErr, s.sinceCkpt > 0
+	failed, dirty, held := s.failErr, s.sinceCkpt > 0, s.held
 	s.mu.RUnlock()
 	if failed != nil {
 		errs = append(errs, fmt.Errorf("close fs store %s: not checkpointed, the store failed: %w", s.dir, failed))
-	} else if dirty {
-		if err := s.checkpoint(); err != nil {
+	} else {
+		var err error
+		if held != nil {
+			err = s.finishCheckpoint(held.start, held.old, held.img)
+		}
+		if err == nil && dirty {
+			err = s.checkpoint()
+		}
+		if err != nil {
+			// A full disk: the journals stay for the next Open to replay.
 			errs = append(errs, fmt.Errorf("close fs store %s: %w", s.dir, err))
 		}
 	}
