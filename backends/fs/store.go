@@ -95,12 +95,12 @@ type Store struct {
 	sinceCkpt   int64 // journal bytes since the last rotation
 	ckptAt      int64 // sinceCkpt that triggers a checkpoint
 	ckptRunning bool
+	inflight    sync.WaitGroup // commits that have not returned
 	// stalled is set while file operations wait for space (runFileOps);
 	// held is a checkpoint that rotated the journal but could not finish
 	// for lack of space: Reclaim finishes it (space.go).
 	stalled bool
 	held    *heldCheckpoint
-	inflight    sync.WaitGroup // commits that have not returned
 
 	cur     atomic.Pointer[journal] // the journal appended to; replaced under mu
 	written atomic.Int64            // logical end of what has been written to the journal

@@ -51,7 +51,9 @@ func newThrottleHandler(next slog.Handler, now func() time.Time) *throttleHandle
 	return &throttleHandler{next: next, now: now, state: &throttleState{kinds: map[string]*throttleKind{}}}
 }
 
-func (h *throttleHandler) Enabled(ctx context.Context, l slog.Level) bool { return h.next.Enabled(ctx, l) }
+func (h *throttleHandler) Enabled(ctx context.Context, l slog.Level) bool {
+	return h.next.Enabled(ctx, l)
+}
 
 func (h *throttleHandler) Handle(ctx context.Context, r slog.Record) error {
 	if r.Level < slog.LevelInfo {
