@@ -243,7 +243,9 @@ func (sp *space) tick() {
 	if !below && !pressure {
 		sp.setLow(false, free, floor)
 		sp.keepReserve(free, floor)
-		sp.reclaim(ctx, false, false)
+		// Near the floor the store is asked to give space back already
+		// (a WAL checkpoint), so that the floor is not met early.
+		sp.reclaim(ctx, free < 2*floor, false)
 		return
 	}
 	if below {
