@@ -45,6 +45,7 @@ type throttleKind struct {
 	windowStart time.Time // start of the current interval
 	n           int       // lines logged in the current interval
 	suppressed  int       // lines left out since the last one logged
+	last        time.Time // the kind's last line, logged or not
 }
 
 func newThrottleHandler(next slog.Handler, now func() time.Time) *throttleHandler {
@@ -74,13 +75,14 @@ func (h *throttleHandler) Handle(ctx context.Context, r slog.Record) error {
 	if now.Sub(k.windowStart) >= throttleEvery {
 		// A new interval: a burst again if the kind was quiet for a
 		// whole interval, else one line.
-		if k.n <= 1 && k.suppressed == 0 {
+		if now.Sub(k.last) > throttleEvery {
 			k.n = 0
 		} else {
 			k.n = throttleBurst - 1
 		}
 		k.windowStart = now
 	}
+	k.last = now
 	if k.n >= throttleBurst {
 		k.suppressed++
 		s.mu.Unlock()
