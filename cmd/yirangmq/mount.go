@@ -51,8 +51,8 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	fl.BoolVar(&f.daemon, "daemon", false, "return once the mount is ready, leaving the daemon in the background")
 	fl.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fl.StringVar(&f.logFile, "log-file", "", "append the log to this file instead of stderr (with --daemon: STORE/yirangmq.log by default)")
-	fl.StringVar(&f.minFree, "min-free", "auto", "free-space floor of the store's filesystem: below it publishes fail with ENOSPC while consumers go on; bytes with an optional K, M or G suffix, 0 for none, auto for a tenth of the filesystem within 2M–64M")
-	fl.StringVar(&f.logMaxSize, "log-max-size", "10M", "with --log-file: rotate the log to FILE.1 when it reaches this size (0: never; leave it to logrotate)")
+	fl.StringVar(&f.minFree, "min-free", "auto", "free space to keep on the store's filesystem: below it publishes fail with ENOSPC, consumers go on (SIZE like 64M, 0 for none; auto: a tenth of the filesystem, 2M to 64M)")
+	fl.StringVar(&f.logMaxSize, "log-max-size", "10M", "with --log-file: move the log to FILE.1 at this size (0: never, for logrotate)")
 	fl.BoolVar(&f.debug, "debug", false, "log every FUSE request")
 	fl.DurationVar(&f.entryTimeout, "cache-timeout", time.Second, "how long the kernel may cache names and attributes")
 	// For measuring the daemon: a CPU profile to FILE, and the
