@@ -190,6 +190,12 @@ func (s *Store) Close() error {
 			errs = append(errs, fmt.Errorf("close fs store %s: %w", s.dir, err))
 		}
 	}
+	s.mu.RLock()
+	held = s.held
+	s.mu.RUnlock()
+	if held != nil {
+		_ = held.old.f.Close()
+	}
 	s.trashWG.Wait()
 	if j := s.cur.Load(); j != nil {
 		if err := j.f.Close(); err != nil {
