@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
@@ -107,6 +108,8 @@ type space struct {
 	pressure     atomic.Bool // a store write failed for lack of space: reclaim at the next tick
 	mu           sync.Mutex  // one tick at a time
 	reserveMu    sync.Mutex  // making or freeing space.reserve (a commit frees it too)
+	noteMu       sync.Mutex
+	noted        map[string]*notedKind // note: last line per kind
 	lastReclaim  time.Time
 	reserveWant  int64
 	reserveFails int
@@ -180,10 +183,10 @@ func (sp *space) setLow(low bool, free, floor int64) {
 	}
 	if low {
 		sp.lowEvents.Add(1)
-		sp.c.log.Warn("free space under the store is below the floor: publishes refused with ENOSPC until it is back; consumers go on",
+		sp.note(slog.LevelWarn, "free space under the store is below the floor: publishes refused with ENOSPC until it is back; consumers go on",
 			"path", sp.dir, "free_bytes", free, "min_free_bytes", floor)
 	} else {
-		sp.c.log.Info("free space under the store is back above the floor: publishes accepted again",
+		sp.note(slog.LevelInfo, "free space under the store is back above the floor: publishes accepted again",
 			"path", sp.dir, "free_bytes", free, "min_free_bytes", floor)
 	}
 }
@@ -272,7 +275,7 @@ func (sp *space) reclaim(ctx context.Context, urgent, now bool) {
 	}
 	sp.lastReclaim = time.Now()
 	if err := s.Reclaim(ctx, urgent); err != nil {
-		sp.c.log.Warn("store could not give space back yet", "path", sp.dir, logErr, err)
+		sp.note(slog.LevelWarn, "store could not give space back yet", "path", sp.dir, logErr, err)
 	}
 }
 
@@ -294,18 +297,18 @@ func (sp *space) keepReserve(free, floor int64) {
 	f, err := os.OpenFile(sp.reserve, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		sp.reserveFails++
-		sp.c.log.Warn("cannot make the space reserve", "path", sp.reserve, logErr, err)
+		sp.note(slog.LevelWarn, "cannot make the space reserve", "path", sp.reserve, logErr, err)
 		return
 	}
 	defer f.Close()
 	if err := fallocate(f, want); err != nil {
 		sp.reserveFails++
 		_ = f.Truncate(0)
-		sp.c.log.Warn("cannot make the space reserve", "path", sp.reserve, logErr, err)
+		sp.note(slog.LevelWarn, "cannot make the space reserve", "path", sp.reserve, logErr, err)
 		return
 	}
 	sp.reserveHeld.Store(want)
-	sp.c.log.Info("space reserve in place", "path", sp.reserve, "bytes", want)
+	sp.note(slog.LevelInfo, "space reserve in place", "path", sp.reserve, "bytes", want)
 }
 
 // dropReserve gives the reserve's space back to the filesystem; it
@@ -318,10 +321,10 @@ func (sp *space) dropReserve() bool {
 		return false
 	}
 	if err := os.Truncate(sp.reserve, 0); err != nil && !errors.Is(err, os.ErrNotExist) {
-		sp.c.log.Warn("cannot free the space reserve", "path", sp.reserve, logErr, err)
+		sp.note(slog.LevelWarn, "cannot free the space reserve", "path", sp.reserve, logErr, err)
 		return false
 	}
-	sp.c.log.Warn("disk short: space reserve given back to let consumers drain", "path", sp.reserve, "bytes", held)
+	sp.note(slog.LevelWarn, "disk short: space reserve given back to let consumers drain", "path", sp.reserve, "bytes", held)
 	return true
 }
 
@@ -383,12 +386,49 @@ func (sp *space) trimArchive(ctx context.Context, floor int64) {
 	err := c.commit(ctx, &b)
 	c.finish(claims, &b)
 	if err != nil {
-		c.log.Warn("could not trim the archive on a low disk", logErr, err)
+		sp.note(slog.LevelWarn, "could not trim the archive on a low disk", logErr, err)
 		return
 	}
 	sp.trimmed.Add(int64(n))
-	c.log.Warn("disk low: archive trimmed, oldest first", "messages", n, "oldest_acked_at", cand[0].at.UTC().Format(time.RFC3339),
+	sp.note(slog.LevelWarn, "disk low: archive trimmed, oldest first", "messages", n, "oldest_acked_at", cand[0].at.UTC().Format(time.RFC3339),
 		"archive_trimmed_total", sp.trimmed.Load(), "min_free_bytes", floor)
+}
+
+// noteEvery is how often one kind of free-space line is logged: at the
+// floor, publishes and drains can cross it back and forth several times a
+// second, and the log is on that disk, often.
+const noteEvery = 10 * time.Second
+
+// note logs a free-space line, at most one per kind (message) per
+// noteEvery; the next one logged says how many were left out.
+func (sp *space) note(level slog.Level, msg string, args ...any) {
+	now := time.Now()
+	sp.noteMu.Lock()
+	if sp.noted == nil {
+		sp.noted = map[string]*notedKind{}
+	}
+	k := sp.noted[msg]
+	if k == nil {
+		k = &notedKind{}
+		sp.noted[msg] = k
+	}
+	if !k.at.IsZero() && now.Sub(k.at) < noteEvery {
+		k.skipped++
+		sp.noteMu.Unlock()
+		return
+	}
+	k.at = now
+	if k.skipped > 0 {
+		args = append(args, "suppressed", k.skipped)
+		k.skipped = 0
+	}
+	sp.noteMu.Unlock()
+	sp.c.log.Log(context.Background(), level, msg, args...)
+}
+
+type notedKind struct {
+	at      time.Time
+	skipped int
 }
 
 // stats is the DiskStats snapshot.

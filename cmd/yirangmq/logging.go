@@ -2,13 +2,17 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
+
+	"yirangmq/queuecore"
 )
 
 // The daemon's log often lives on the disk it watches (with --daemon,
@@ -26,10 +30,12 @@ const (
 	keySuppressed = "suppressed"
 )
 
-// throttleHandler rate-limits log lines by kind: level and message. Lines
-// at Debug level (--debug's request log) pass unthrottled; Error lines are
-// throttled like the rest, as a store failing on every request is one
-// failure.
+// throttleHandler rate-limits repeated failures: lines that carry an
+// error of a class that repeats for as long as its cause lasts (a full
+// disk, a failing device, a full queue), by kind: level, message and
+// class. Every other line passes: bad input gets its one line each, and
+// the daemon's own lines are few (queuecore limits its free-space lines
+// itself). Debug lines (--debug's request log) are never held back.
 type throttleHandler struct {
 	next  slog.Handler
 	now   func() time.Time
@@ -57,10 +63,11 @@ func (h *throttleHandler) Enabled(ctx context.Context, l slog.Level) bool {
 }
 
 func (h *throttleHandler) Handle(ctx context.Context, r slog.Record) error {
-	if r.Level < slog.LevelInfo {
+	class := stormClass(r)
+	if r.Level < slog.LevelInfo || class == "" {
 		return h.next.Handle(ctx, r)
 	}
-	key := r.Level.String() + "\x00" + r.Message
+	key := r.Level.String() + "\x00" + r.Message + "\x00" + class
 	now := h.now()
 	s := h.state
 	s.mu.Lock()
@@ -97,6 +104,29 @@ func (h *throttleHandler) Handle(ctx context.Context, r slog.Record) error {
 		r.AddAttrs(slog.Int(keySuppressed, suppressed))
 	}
 	return h.next.Handle(ctx, r)
+}
+
+// stormErrors are the errors that repeat on every request while their
+// cause lasts.
+var stormErrors = []error{syscall.ENOSPC, syscall.EDQUOT, syscall.EIO, syscall.EROFS, queuecore.ErrDiskLow, queuecore.ErrQueueFull}
+
+// stormClass names the storm error a line carries, or "".
+func stormClass(r slog.Record) string {
+	class := ""
+	r.Attrs(func(a slog.Attr) bool {
+		err, ok := a.Value.Any().(error)
+		if !ok {
+			return true
+		}
+		for _, s := range stormErrors {
+			if errors.Is(err, s) {
+				class = s.Error()
+				return false
+			}
+		}
+		return true
+	})
+	return class
 }
 
 func (h *throttleHandler) WithAttrs(as []slog.Attr) slog.Handler {

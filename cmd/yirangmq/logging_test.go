@@ -2,12 +2,17 @@ package main
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"yirangmq/queuecore"
 )
 
 // Lines of one kind: a burst, then one per interval with the count of
@@ -16,10 +21,11 @@ func TestThrottleHandler(t *testing.T) {
 	var out bytes.Buffer
 	now := time.Unix(1_000_000, 0)
 	log := slog.New(newThrottleHandler(slog.NewTextHandler(&out, nil), func() time.Time { return now }))
+	full := fmt.Errorf("q/m: %w", queuecore.ErrDiskLow)
 	for i := 0; i < 100; i++ {
-		log.Info("create refused", "name", i)
+		log.Info("create refused", "name", i, "err", full)
 	}
-	log.Warn("another kind")
+	log.Warn("another kind", "err", syscall.ENOSPC)
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	if len(lines) != throttleBurst+1 {
 		t.Fatalf("100 lines of one kind and 1 of another in one instant gave %d lines, want %d:\n%s", len(lines), throttleBurst+1, out.String())
@@ -27,7 +33,7 @@ func TestThrottleHandler(t *testing.T) {
 	out.Reset()
 	now = now.Add(throttleEvery)
 	for i := 0; i < 100; i++ {
-		log.Info("create refused", "name", i)
+		log.Info("create refused", "name", i, "err", full)
 	}
 	got := out.String()
 	if n := strings.Count(got, "\n"); n != 1 || !strings.Contains(got, keySuppressed+"=95") {
@@ -35,7 +41,7 @@ func TestThrottleHandler(t *testing.T) {
 	}
 	out.Reset()
 	now = now.Add(throttleEvery)
-	log.Info("create refused", "name", "x")
+	log.Info("create refused", "name", "x", "err", full)
 	if got := out.String(); !strings.Contains(got, keySuppressed+"=99") {
 		t.Errorf("third interval: %q, want 99 left out", got)
 	}
@@ -43,16 +49,24 @@ func TestThrottleHandler(t *testing.T) {
 	out.Reset()
 	now = now.Add(3 * throttleEvery)
 	for i := 0; i < 10; i++ {
-		log.Info("create refused", "name", i)
+		log.Info("create refused", "name", i, "err", full)
 	}
 	if n := strings.Count(out.String(), "\n"); n != throttleBurst {
 		t.Errorf("after a quiet interval: %d lines, want a burst of %d", n, throttleBurst)
+	}
+	// Lines without a storm error (bad input, each its own) pass.
+	out.Reset()
+	for i := 0; i < 20; i++ {
+		log.Info("policy rejected", "err", errors.New("invalid retry.limit"))
+	}
+	if n := strings.Count(out.String(), "\n"); n != 20 {
+		t.Errorf("lines without a storm error: %d of 20 written", n)
 	}
 	// Debug lines (the request log of --debug) are not throttled.
 	out.Reset()
 	dlog := slog.New(newThrottleHandler(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}), func() time.Time { return now }))
 	for i := 0; i < 20; i++ {
-		dlog.Debug("request")
+		dlog.Debug("request", "err", syscall.EIO)
 	}
 	if n := strings.Count(out.String(), "\n"); n != 20 {
 		t.Errorf("debug lines: %d of 20 written", n)
