@@ -185,6 +185,10 @@ func TestDiskFloorDrain(t *testing.T) {
 				}
 			}
 			unix.Close(fd)
+			// The daemon measures at least every 200 ms.
+			if !testenv.RetryUntil(5*time.Second, func() bool { return daemonDisk(t, d).Low }) {
+				t.Fatalf("the disk filled from outside: .stats disk %+v, want low", daemonDisk(t, d))
+			}
 			if got := publish("outside-full"); !strings.HasSuffix(got, "=ENOSPC") {
 				t.Errorf("publish with the disk filled from outside: %s, want ENOSPC", got)
 			}

@@ -3,6 +3,7 @@ package queuecore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -88,6 +89,15 @@ func TestFloorRefusesPublishesOnly(t *testing.T) {
 			// Under the floor, the reserve counted (a fake disk: the
 			// reserve's blocks are not taken from what it reports).
 			free.Store(1 << 20)
+			// Far from the floor a measure serves for a moment: the drop
+			// is seen within admitFresh.
+			tries := 0
+			if !testenv.RetryUntil(5*time.Second, func() bool {
+				tries++
+				return errors.Is(pub(fmt.Sprintf("early%d", tries)), queuecore.ErrDiskLow)
+			}) {
+				t.Fatal("publishes still accepted 5 s after the disk went under the floor")
+			}
 			if err := pub("refused"); !errors.Is(err, queuecore.ErrDiskLow) {
 				t.Fatalf("publish under the floor: %v, want ErrDiskLow", err)
 			}
