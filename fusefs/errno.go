@@ -29,6 +29,10 @@ func errnoOf(err error) syscall.Errno {
 		return syscall.ENOTEMPTY
 	case errors.Is(err, queuecore.ErrQueueFull):
 		return syscall.EDQUOT
+	case errors.Is(err, queuecore.ErrDiskLow):
+		// The device, not the queue, is full: ENOSPC, as a write to a
+		// full disk gets, and unlike maxReady's EDQUOT (docs/reliability.md).
+		return syscall.ENOSPC
 	case errors.Is(err, queuecore.ErrTooLarge):
 		return syscall.EFBIG
 	case errors.Is(err, queuecore.ErrPaused), errors.Is(err, queuecore.ErrEmpty):

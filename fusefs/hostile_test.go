@@ -743,7 +743,7 @@ func checkNothingOutside(t *testing.T, d *testenv.Daemon) {
 	backend := strings.Split(t.Name(), "/")[1]
 	if backend == "sqlite" {
 		for _, n := range top {
-			if !strings.HasPrefix(n, "yirangmq.db") && n != "LOCK" {
+			if !strings.HasPrefix(n, "yirangmq.db") && n != "LOCK" && n != queuecore.ReserveName {
 				t.Errorf("sqlite store holds %q", n)
 			}
 		}
@@ -751,7 +751,7 @@ func checkNothingOutside(t *testing.T, d *testenv.Daemon) {
 	}
 	for _, n := range top {
 		switch n {
-		case "LOCK", "snapshot", "journal", "journal.old", "queues", "trash", "lost+found":
+		case "LOCK", "snapshot", "journal", "journal.old", "queues", "trash", "lost+found", queuecore.ReserveName:
 		default:
 			t.Errorf("fs store holds %q", n)
 		}

@@ -46,5 +46,22 @@ func Metrics(d queuecore.DaemonStats) []byte {
 		}
 		return 0
 	})
+	if k := d.Disk; k != nil {
+		one := func(name, kind, help string, v int64) {
+			b = fmt.Appendf(b, "# HELP yirangmq_%s %s\n# TYPE yirangmq_%s %s\nyirangmq_%s %d\n", name, help, name, kind, name, v)
+		}
+		low := int64(0)
+		if k.Low {
+			low = 1
+		}
+		one("disk_free_bytes", "gauge", "Free bytes under the store, space the store reuses and its reserve included.", k.FreeBytes)
+		one("disk_total_bytes", "gauge", "Size of the filesystem under the store.", k.TotalBytes)
+		one("disk_min_free_bytes", "gauge", "Free-space floor: below it publishes are refused with ENOSPC.", k.MinFreeBytes)
+		one("disk_reserve_bytes", "gauge", "Bytes held in the store's space.reserve file.", k.ReserveBytes)
+		one("disk_low", "gauge", "1 while free space is below the floor.", low)
+		one("disk_publishes_refused_total", "counter", "Publishes refused because free space was below the floor.", k.PublishesRefusedTotal)
+		one("disk_archive_trimmed_total", "counter", "Archived messages dropped to free space (trimmed, or not archived at ack).", k.ArchiveTrimmedTotal)
+		one("disk_low_events_total", "counter", "Times free space went below the floor.", k.LowEventsTotal)
+	}
 	return b
 }

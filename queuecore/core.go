@@ -47,6 +47,15 @@ type Options struct {
 	// Backend and StorePath describe the store in daemon stats.
 	Backend, StorePath string
 	Version            string
+	// SpaceDir is a directory on the store's filesystem: the free-space
+	// floor is measured there and the reserve file kept there (space.go).
+	// "" turns the floor off (a database server's store).
+	SpaceDir string
+	// MinFree is the free-space floor in bytes: 0 for the default
+	// (DefaultMinFree of the filesystem's size), -1 for none.
+	MinFree int64
+
+	statfs func(dir string) (free, total int64, err error) // tests
 }
 
 // Log keys, so that every line names things the same way.
@@ -91,6 +100,7 @@ type Core struct {
 	queueGen uint64
 
 	sched  *scheduler
+	space  *space // nil without Options.SpaceDir
 	closed atomic.Bool
 	done   chan struct{}
 	wg     sync.WaitGroup
@@ -164,6 +174,12 @@ func Open(ctx context.Context, store Store, opts Options) (*Core, error) {
 	c.wg.Add(1)
 	go c.sched.run()
 	c.sched.kick()
+	if opts.SpaceDir != "" {
+		c.space = newSpace(c, opts.SpaceDir, opts.MinFree)
+		c.space.loadReserve()
+		c.wg.Add(1)
+		go c.space.run()
+	}
 	return c, nil
 }
 

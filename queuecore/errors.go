@@ -20,6 +20,9 @@ var (
 	ErrLocked      = errors.New("store is in use by another process")   // EBUSY
 	ErrClosed      = errors.New("queue core is closed")                 // EIO
 	ErrInvalidName = errors.New("invalid name")                         // EINVAL
+	// ErrDiskLow refuses a publish while the store's filesystem has less
+	// free space than the floor (space.go).
+	ErrDiskLow = errors.New("free space under the store is below the floor (--min-free)") // ENOSPC
 )
 
 // InputError is bad input from a user: an invalid name, policy or flag.

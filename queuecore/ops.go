@@ -183,6 +183,12 @@ func (c *Core) publish(ctx context.Context, q *queue, name string, body []byte, 
 		}
 	}()
 
+	if c.space != nil {
+		if err := c.space.admit(int64(len(chk.body)) * int64(1+len(fan))); err != nil {
+			return PublishResult{}, fmt.Errorf("publish %s/%s: %w", q.name, name, err)
+		}
+	}
+
 	var err error
 	m.ID = o.ID
 	if m.ID == 0 {
@@ -479,7 +485,11 @@ func (c *Core) Ack(ctx context.Context, queueName, name string) error {
 // ackOps acknowledges m; when the archive is on, the caller holds the
 // archived claim on m.Name.
 func (c *Core) ackOps(ctx context.Context, q *queue, m Message, p *Policy, now time.Time, b *batch) error {
-	if p.Archive.Enabled {
+	if p.Archive.Enabled && c.space != nil && c.space.low.Load() {
+		// The disk is low: an ack frees the body rather than keep it.
+		b.remove(q, m)
+		b.count(func(time.Time) { c.space.trimmed.Add(1) })
+	} else if p.Archive.Enabled {
 		prev, err := c.store.Lookup(ctx, q.name, m.Name, true)
 		switch {
 		case err == nil:
@@ -863,7 +873,8 @@ func (c *Core) Find(ctx context.Context, queueName, name string, archived bool) 
 
 // CheckPublish tells early whether a publish of name could succeed, so
 // that a create(2) fails at once rather than at close: ErrExists when the
-// name is live, ErrQueueFull at maxReady. The publish itself checks again.
+// name is live, ErrQueueFull at maxReady, ErrDiskLow under the floor.
+// The publish itself checks again.
 func (c *Core) CheckPublish(ctx context.Context, queueName, name string) error {
 	if err := CheckMessageName(name); err != nil {
 		return err
@@ -883,6 +894,11 @@ func (c *Core) CheckPublish(ctx context.Context, queueName, name string) error {
 	q.mu.Unlock()
 	if limit > 0 && ready >= limit {
 		return fmt.Errorf("queue %q: %w (%d)", queueName, ErrQueueFull, limit)
+	}
+	if c.space != nil {
+		if err := c.space.admit(0); err != nil {
+			return fmt.Errorf("%s/%s: %w", queueName, name, err)
+		}
 	}
 	if claimed {
 		return nil // under way: the publish will tell

@@ -94,7 +94,10 @@ type DaemonStats struct {
 	UptimeSec float64 `json:"uptime_sec"`
 	// Duty is set with a store several daemons share: whether this daemon
 	// now does the timed work (expiry, backoff, retention) for all of them.
-	Duty   *bool        `json:"duty,omitempty"`
+	Duty *bool `json:"duty,omitempty"`
+	// Disk is the free-space floor and the filesystem under the store
+	// (none for a database server's store).
+	Disk   *DiskStats   `json:"disk,omitempty"`
 	Queues []QueueStats `json:"queues"`
 }
 
@@ -161,6 +164,9 @@ func (c *Core) DaemonStats(ctx context.Context) (DaemonStats, error) {
 	if c.shared != nil {
 		duty := c.shared.Duty()
 		d.Duty = &duty
+	}
+	if c.space != nil {
+		d.Disk = c.space.stats()
 	}
 	for _, name := range c.QueueNames() {
 		s, err := c.Stats(ctx, name)

@@ -142,16 +142,36 @@ func (b *batch) noteDeadline(m Message) {
 // commit hands the batch to the store, with no lock held, and on success
 // updates gauges, counters and the scheduler (finish tells the notifier). A cancelled ctx does not cancel the commit: a change the
 // caller asked for is never half done because a signal arrived.
+// inserts reports whether the batch puts a new message in (a publish, a
+// fanout or forward copy), which the reserve is not for.
+func (b *batch) inserts() bool {
+	for i := range b.ops {
+		if b.ops[i].Kind == OpInsert {
+			return true
+		}
+	}
+	return false
+}
+
 func (c *Core) commit(ctx context.Context, b *batch) error {
 	if len(b.ops) == 0 {
 		return nil
 	}
-	if err := c.store.Apply(context.WithoutCancel(ctx), b.ops); err != nil {
+	err := c.store.Apply(context.WithoutCancel(ctx), b.ops)
+	if err != nil && c.space != nil && !b.inserts() && c.space.relieve(ctx, err) {
+		// A drain (lease, ack, nack, delete) met a full disk: the
+		// reserve was given back for it. A failed batch changed nothing.
+		err = c.store.Apply(context.WithoutCancel(ctx), b.ops)
+	}
+	if err != nil {
 		// A store that failed may hold some of it anyway (the fs store
 		// keeps its index when an fdatasync fails, then refuses writes):
 		// forget what the name cache knew of these names.
 		for _, t := range b.touched {
 			t.q.names.forget(t.m.Name)
+		}
+		if c.space != nil {
+			c.space.noteWriteError(err)
 		}
 		return err
 	}

@@ -27,44 +27,85 @@ func (s *Store) maybeCheckpointLocked() {
 
 // checkpoint makes the snapshot hold everything committed so far and drops
 // the journal it replaces. Commits go on while it runs. A failure fails
-// the store: the journals are left for the next Open.
+// the store: the journals are left for the next Open. A lack of space is
+// no failure: a checkpoint that could not rotate is tried again later, and
+// one that rotated is held and finished by Reclaim once there is room.
 func (s *Store) checkpoint() error {
 	start := time.Now()
-	n, size, err := s.doCheckpoint()
+	old, img, err := s.rotate()
+	if err == nil {
+		return s.finishCheckpoint(start, old, img)
+	}
 	s.mu.Lock()
+	s.ckptRunning = false
+	s.mu.Unlock()
+	return err
+}
+
+// rotate starts a checkpoint: see rotateLocked. On a full disk that left
+// the journal where it was, it reports the error without failing the
+// store.
+func (s *Store) rotate() (*journal, *snapshotImage, error) {
+	sync := s.opts.Sync != queuecore.SyncOff
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old, img, err := s.rotateLocked(filepath.Join(s.dir, journalName), filepath.Join(s.dir, oldJournalName), sync)
+	if err != nil {
+		err = fmt.Errorf("checkpoint: %w", err)
+		if _, serr := os.Lstat(filepath.Join(s.dir, oldJournalName)); isNoSpace(err) && errors.Is(serr, os.ErrNotExist) {
+			s.log.Warn("disk full: checkpoint put off", logErr, err)
+		} else {
+			s.failLocked(err)
+		}
+	}
+	return old, img, err
+}
+
+// finishCheckpoint writes the snapshot of a rotated journal and removes it.
+// A failure for lack of space holds the checkpoint for Reclaim (ckptRunning
+// stays set, so no other starts); any other fails the store.
+func (s *Store) finishCheckpoint(start time.Time, old *journal, img *snapshotImage) error {
+	n, size, err := s.doCheckpoint(old, img)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil && isNoSpace(err) && s.failErr == nil {
+		if s.held == nil {
+			s.log.Warn("disk full: checkpoint held until there is room", logErr, err)
+		}
+		s.held = &heldCheckpoint{start: start, old: old, img: img}
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	s.held = nil
 	s.ckptRunning = false
 	if err != nil {
 		err = fmt.Errorf("checkpoint: %w", err)
 		s.failLocked(err)
-	} else {
-		s.ckptAt = max(s.cfg.checkpointBytes, size)
+		return err
 	}
-	s.mu.Unlock()
-	if err == nil {
-		s.log.Debug("checkpoint", logCount, n, logBytes, size, logTook, time.Since(start))
-	}
-	return err
+	s.ckptAt = max(s.cfg.checkpointBytes, size)
+	s.log.Debug("checkpoint", logCount, n, logBytes, size, logTook, time.Since(start))
+	return nil
 }
 
-func (s *Store) doCheckpoint() (count int, size int64, err error) {
-	sync := s.opts.Sync != queuecore.SyncOff
-	curPath := filepath.Join(s.dir, journalName)
-	oldPath := filepath.Join(s.dir, oldJournalName)
+// heldCheckpoint is a checkpoint that rotated the journal but could not
+// write its snapshot for lack of space.
+type heldCheckpoint struct {
+	start time.Time
+	old   *journal
+	img   *snapshotImage
+}
 
-	// Rotate the journal and take an image of the index at this lsn.
-	s.mu.Lock()
-	old, img, err := s.rotateLocked(curPath, oldPath, sync)
-	if err != nil {
-		s.failLocked(fmt.Errorf("checkpoint: %w", err))
-		s.mu.Unlock()
-		return 0, 0, err
-	}
-	s.mu.Unlock()
+func (s *Store) doCheckpoint(old *journal, img *snapshotImage) (count int, size int64, err error) {
+	sync := s.opts.Sync != queuecore.SyncOff
+	oldPath := filepath.Join(s.dir, oldJournalName)
 
 	// Every body the old journal holds must be in its file, and durable,
 	// before the snapshot replaces that journal.
 	s.runFileOps(old.end())
 	if err := s.failure(); err != nil {
+		return 0, 0, err
+	}
+	if err := s.stalledBefore(old.end()); err != nil {
 		return 0, 0, err
 	}
 	if sync {
@@ -114,7 +155,11 @@ func (s *Store) rotateLocked(curPath, oldPath string, sync bool) (*journal, *sna
 	}
 	f, err := os.OpenFile(curPath, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
-		// Commits go on in the old file, which the next Open replays.
+		// Commits go on in the old file: under its name again if it can
+		// (a full disk), else from journal.old, which the next Open replays.
+		if rerr := os.Rename(oldPath, curPath); rerr != nil {
+			err = fmt.Errorf("%w (and %w)", err, rerr)
+		}
 		return nil, nil, fmt.Errorf("create journal: %w", err)
 	}
 	if sync {

@@ -67,6 +67,11 @@
 //
 // A failed fsync or file operation puts the store in a failed state: every
 // later change returns an error, and the next Open repairs from the journal.
+// A lack of space (ENOSPC, EDQUOT) is not a failure: a commit whose record
+// does not fit fails alone; file operations that do not fit wait in order,
+// their bodies in the journal and in memory, and a checkpoint that cannot
+// write its snapshot is held; both are retried by later commits and by
+// Reclaim (space.go), so the store comes back without a restart.
 //
 // # Checkpoints
 //

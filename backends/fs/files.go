@@ -73,7 +73,8 @@ func (s *Store) fileOpsFor(changes []change, ops []queuecore.Op, frame []byte, b
 // runFileOps does the file operations of every durable pending record, in
 // journal order, unless someone else already did them up to pos. A failed
 // operation fails the store; the operations after it stay undone (the
-// journal still has them for the next Open).
+// journal still has them for the next Open). One that failed for lack of
+// space stalls them instead: they are tried again later (Reclaim).
 func (s *Store) runFileOps(pos int64) {
 	s.fileMu.Lock()
 	defer s.fileMu.Unlock()
@@ -100,11 +101,15 @@ func (s *Store) runFileOps(pos int64) {
 	s.mu.Unlock()
 
 	var err error
+	var stalled []pendingRecord // on a full disk: what is left, in order
 	done := make([]*fileOp, 0, n)
 	for i := range recs {
 		for j := range recs[i].ops {
 			op := &recs[i].ops[j]
 			if err = s.doFileOp(op); err != nil {
+				if isNoSpace(err) {
+					stalled = append([]pendingRecord{{end: recs[i].end, ops: recs[i].ops[j:]}}, recs[i+1:]...)
+				}
 				break
 			}
 			done = append(done, op)
@@ -123,10 +128,25 @@ func (s *Store) runFileOps(pos int64) {
 			delete(s.unwritten, op.id)
 		}
 	}
-	if err != nil {
+	switch {
+	case stalled != nil:
+		// The disk is full: not a failure. The journal holds the bodies
+		// and the index is right; the operations wait, in order, for the
+		// next commit or Reclaim to retry them once there is room.
+		s.pending = append(stalled, s.pending...)
+		if !s.stalled {
+			s.stalled = true
+			s.log.Warn("disk full: body files wait in the journal until there is room", logErr, err)
+		}
+	case err != nil:
 		s.failLocked(err)
+	default:
+		if s.stalled {
+			s.stalled = false
+			s.log.Info("disk has room again: waiting body files written")
+		}
+		s.applied = max(s.applied, durable)
 	}
-	s.applied = max(s.applied, durable)
 	close(s.progress)
 	s.progress = make(chan struct{})
 	s.mu.Unlock()

@@ -96,6 +96,11 @@ type Store struct {
 	ckptAt      int64 // sinceCkpt that triggers a checkpoint
 	ckptRunning bool
 	inflight    sync.WaitGroup // commits that have not returned
+	// stalled is set while file operations wait for space (runFileOps);
+	// held is a checkpoint that rotated the journal but could not finish
+	// for lack of space: Reclaim finishes it (space.go).
+	stalled bool
+	held    *heldCheckpoint
 
 	cur     atomic.Pointer[journal] // the journal appended to; replaced under mu
 	written atomic.Int64            // logical end of what has been written to the journal
@@ -168,14 +173,28 @@ func (s *Store) Close() error {
 
 	var errs []error
 	s.mu.RLock()
-	failed, dirty := s.failErr, s.sinceCkpt > 0
+	failed, dirty, held := s.failErr, s.sinceCkpt > 0, s.held
 	s.mu.RUnlock()
 	if failed != nil {
 		errs = append(errs, fmt.Errorf("close fs store %s: not checkpointed, the store failed: %w", s.dir, failed))
-	} else if dirty {
-		if err := s.checkpoint(); err != nil {
+	} else {
+		var err error
+		if held != nil {
+			err = s.finishCheckpoint(held.start, held.old, held.img)
+		}
+		if err == nil && dirty {
+			err = s.checkpoint()
+		}
+		if err != nil {
+			// A full disk: the journals stay for the next Open to replay.
 			errs = append(errs, fmt.Errorf("close fs store %s: %w", s.dir, err))
 		}
+	}
+	s.mu.RLock()
+	held = s.held
+	s.mu.RUnlock()
+	if held != nil {
+		_ = held.old.f.Close()
 	}
 	s.trashWG.Wait()
 	if j := s.cur.Load(); j != nil {

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -272,6 +273,23 @@ func (s *Store) noteOutage(err error) {
 	} else {
 		s.log.Info("database reachable again")
 	}
+}
+
+// codeDiskFull is PostgreSQL's disk_full: the server could not extend a
+// table, an index or its WAL.
+const codeDiskFull = "53100"
+
+// diskFull gives a write that failed on the server's full disk the errno
+// a full local disk gives (ENOSPC, which fusefs passes to the caller) and
+// one log line; the transaction was rolled back whole, and the next write
+// after the server has room again succeeds, without a restart.
+func (s *Store) diskFull(err error) error {
+	var pgErr *pgconn.PgError
+	if err == nil || !errors.As(err, &pgErr) || pgErr.Code != codeDiskFull {
+		return err
+	}
+	s.log.Error("the database server's disk is full: writes fail with ENOSPC until it has room", logErr, pgErr.Message)
+	return fmt.Errorf("%w (%w)", err, syscall.ENOSPC)
 }
 
 // unreachable reports whether err says that the database could not be

@@ -96,6 +96,7 @@ func (s *Store) Apply(ctx context.Context, ops []queuecore.Op) error {
 	if err == nil {
 		return nil
 	}
+	err = s.diskFull(err)
 	if s.plain && failed >= 0 {
 		failed-- // the batch's first statement is sqlKeepSeq
 	}
@@ -304,6 +305,7 @@ func (s *Store) queueExec(ctx context.Context, what, name string, none error, sq
 		return err
 	})
 	s.noteOutage(err)
+	err = s.diskFull(err)
 	if err == nil && none != nil && tag.RowsAffected() == 0 {
 		err = none
 	}
@@ -414,6 +416,7 @@ func (s *Store) LeaseNext(ctx context.Context, queue string, skip []string, chan
 	}
 	s.noteOutage(err)
 	if err != nil {
+		err = s.diskFull(err)
 		return queuecore.Message{}, fmt.Errorf("lease next of %s: %w", queue, err)
 	}
 	return m, nil

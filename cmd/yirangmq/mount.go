@@ -29,6 +29,8 @@ const readyFDEnv = "YIRANGMQ_READY_FD"
 type mountFlags struct {
 	backend, store, sync, logFormat string
 	logFile                         string
+	minFree                         string
+	logMaxSize                      string
 	options                         []string
 	daemon, debug                   bool
 	entryTimeout                    time.Duration
@@ -45,10 +47,12 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	fl.StringVar(&f.backend, "backend", "sqlite", "store backend: sqlite, fs or postgres")
 	fl.StringVar(&f.store, "store", defaultStore(), "store directory (created on first use), or with --backend postgres a connection URL")
 	fl.StringVar(&f.sync, "sync", "full", "durability: full (on disk at close), normal (survives a daemon crash) or off")
-	fl.StringSliceVarP(&f.options, "options", "o", nil, "mount options: allow_other, backend=, sync=, store= (others of mount(8) are accepted and ignored)")
+	fl.StringSliceVarP(&f.options, "options", "o", nil, "mount options: allow_other, backend=, sync=, store=, min_free= (others of mount(8) are accepted and ignored)")
 	fl.BoolVar(&f.daemon, "daemon", false, "return once the mount is ready, leaving the daemon in the background")
 	fl.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fl.StringVar(&f.logFile, "log-file", "", "append the log to this file instead of stderr (with --daemon: STORE/yirangmq.log by default)")
+	fl.StringVar(&f.minFree, "min-free", "auto", "free space to keep on the store's filesystem: below it publishes fail with ENOSPC, consumers go on (SIZE like 64M, 0 for none; auto: a tenth of the filesystem, 2M to 64M)")
+	fl.StringVar(&f.logMaxSize, "log-max-size", "10M", "with --log-file: move the log to FILE.1 at this size (0: never, for logrotate)")
 	fl.BoolVar(&f.debug, "debug", false, "log every FUSE request")
 	fl.DurationVar(&f.entryTimeout, "cache-timeout", time.Second, "how long the kernel may cache names and attributes")
 	// For measuring the daemon: a CPU profile to FILE, and the
@@ -78,6 +82,8 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 			f.sync = v
 		case "store":
 			f.store = v
+		case "min_free":
+			f.minFree = v
 		case "", "rw", "defaults", "nofail", "auto", "noauto", "user", "users", "_netdev", "nodev", "nosuid", "noexec", "dev", "suid", "exec", "default_permissions":
 		default:
 			if !strings.HasPrefix(k, "x-") && !strings.HasPrefix(k, "comment") {
@@ -88,6 +94,14 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	sync, err := queuecore.ParseSyncMode(f.sync)
 	if err != nil {
 		return err
+	}
+	minFree, err := parseMinFree(f.minFree)
+	if err != nil {
+		return err
+	}
+	logMax, err := parseSize(f.logMaxSize)
+	if err != nil {
+		return fmt.Errorf("--log-max-size: %w", err)
 	}
 	if f.daemon {
 		if f.logFile == "" {
@@ -104,7 +118,7 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 		if err := os.MkdirAll(filepath.Dir(f.logFile), 0o700); err != nil {
 			return err
 		}
-		lf, err := os.OpenFile(f.logFile, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+		lf, err := openLogFile(f.logFile, logMax)
 		if err != nil {
 			return fmt.Errorf("open log file: %w", err)
 		}
@@ -141,8 +155,13 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	shown := displayStore(f.backend, f.store)
 	opts.FsName = shown
 	fsys := fusefs.New(opts)
+	spaceDir := f.store
+	if f.backend == "postgres" {
+		spaceDir = "" // the database server's disk: see docs/operations.md
+	}
 	core, err := queuecore.Open(ctx, store, queuecore.Options{
 		Logger: log, Backend: f.backend, StorePath: shown, Version: version,
+		SpaceDir: spaceDir, MinFree: minFree,
 	})
 	if err != nil {
 		return err
@@ -153,7 +172,7 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 		return err
 	}
 	defer fsys.Stop()
-	log.Info("mounted", "mountpoint", mountpoint, "backend", f.backend, "store", shown, "sync", f.sync, "allow_other", allowOther, "pid", os.Getpid())
+	log.Info("mounted", "mountpoint", mountpoint, "backend", f.backend, "store", shown, "sync", f.sync, "allow_other", allowOther, "min_free", f.minFree, "pid", os.Getpid())
 	signalReady()
 	// systemd (Type=notify): ready only once the mount serves.
 	if _, err := sdnotify.SdNotify(false, sdnotify.SdNotifyReady+"\nSTATUS=serving "+mountpoint); err != nil {

@@ -85,6 +85,7 @@ func runStatus(ctx context.Context, env *cliEnv, args []string) error {
 				(time.Duration(d.UptimeSec) * time.Second).String(), interval)
 		}
 		printStatusTable(env.stdout, d.Queues)
+		printDiskLine(env.stdout, d.Disk)
 		return nil
 	}
 	if !watch {
@@ -155,6 +156,24 @@ func printStatusTable(w io.Writer, queues []queuecore.QueueStats) {
 	}
 	tw.Flush()
 }
+
+// printDiskLine says how much room the store has left against its
+// free-space floor, and whether publishes are refused for lack of it.
+func printDiskLine(w io.Writer, k *queuecore.DiskStats) {
+	if k == nil {
+		return
+	}
+	line := fmt.Sprintf("disk: %s free of %s, floor %s", mib(k.FreeBytes), mib(k.TotalBytes), mib(k.MinFreeBytes))
+	if k.Low {
+		line += ": LOW, publishes refused with ENOSPC while consumers drain"
+	}
+	if k.ArchiveTrimmedTotal > 0 {
+		line += fmt.Sprintf(" (%d archived messages dropped for space)", k.ArchiveTrimmedTotal)
+	}
+	fmt.Fprintln(w, line)
+}
+
+func mib(n int64) string { return strconv.FormatFloat(float64(n)/(1<<20), 'f', 1, 64) + " MiB" }
 
 // age says how long the oldest ready message has waited: "-" when none.
 func age(ready int64, sec float64) string {

@@ -21,9 +21,13 @@ func TestStatusTable(t *testing.T) {
 
 	out := mustCLI(t, "", "status", "--mount", d.Mountpoint)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) != 3 {
-		t.Fatalf("status printed %d lines, want a header and two queues:\n%s", len(lines), out)
+	if len(lines) != 4 {
+		t.Fatalf("status printed %d lines, want a header, two queues and the disk:\n%s", len(lines), out)
 	}
+	if disk := lines[3]; !strings.HasPrefix(disk, "disk: ") || !strings.Contains(disk, " free of ") || !strings.Contains(disk, ", floor ") || strings.Contains(disk, "LOW") {
+		t.Errorf("disk line %q", disk)
+	}
+	lines = lines[:3]
 	wantCols := []string{"QUEUE", "READY", "INFLIGHT", "DELAYED", "DLQ", "ARCHIVED", "OLDEST", "PUB/s", "LEASE/s", "ACK/s", "PAUSED"}
 	if got := strings.Fields(lines[0]); strings.Join(got, " ") != strings.Join(wantCols, " ") {
 		t.Errorf("header %q", lines[0])

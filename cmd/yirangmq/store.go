@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"yirangmq/backends"
 	"yirangmq/backends/fs"
@@ -81,7 +82,8 @@ func displayStore(backend, store string) string {
 	return strings.Join(fields, " ")
 }
 
-// newLogger makes the daemon's logger: text (default) or json on out.
+// newLogger makes the daemon's logger: text (default) or json on out,
+// with repeated lines of one kind rate-limited (logging.go).
 func newLogger(out io.Writer, format string, debug bool) (*slog.Logger, error) {
 	level := slog.LevelInfo
 	if debug {
@@ -90,9 +92,9 @@ func newLogger(out io.Writer, format string, debug bool) (*slog.Logger, error) {
 	opts := &slog.HandlerOptions{Level: level}
 	switch format {
 	case "text":
-		return slog.New(slog.NewTextHandler(out, opts)), nil
+		return slog.New(newThrottleHandler(slog.NewTextHandler(out, opts), time.Now)), nil
 	case "json":
-		return slog.New(slog.NewJSONHandler(out, opts)), nil
+		return slog.New(newThrottleHandler(slog.NewJSONHandler(out, opts), time.Now)), nil
 	}
 	return nil, fmt.Errorf("--log-format must be text or json, not %q", format)
 }

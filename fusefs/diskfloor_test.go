@@ -1,0 +1,239 @@
+package fusefs_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"yirangmq/queuecore"
+	"yirangmq/testenv"
+)
+
+// daemonDisk reads the "disk" object of MOUNT/.stats.
+func daemonDisk(t *testing.T, d *testenv.Daemon) queuecore.DiskStats {
+	t.Helper()
+	var s queuecore.DaemonStats
+	if err := json.Unmarshal([]byte(readFile(t, d.Path(".stats"))), &s); err != nil {
+		t.Fatalf("parse MOUNT/.stats: %v", err)
+	}
+	if s.Disk == nil {
+		t.Fatal("MOUNT/.stats has no disk object")
+	}
+	return *s.Disk
+}
+
+// A full disk never freezes a queue (issue: a device whose consumer was
+// down fills its disk). On an 8 MiB tmpfs with the default floor, each
+// local store: publishes of 4 KiB messages are refused with ENOSPC once
+// free space is under the floor; every message then drains with mv and
+// rm without one error, the archive giving way; publishing comes back
+// without a restart. Then the same with the disk filled by a file from
+// outside the mount and removed. Nothing committed is lost (checked after
+// a restart too), and the log, on the same small disk, stays small.
+func TestDiskFloorDrain(t *testing.T) {
+	for _, backend := range backends {
+		t.Run(backend, func(t *testing.T) {
+			small := smallFS(t, "8m")
+			store := filepath.Join(small, "store")
+			logFile := filepath.Join(store, "yirangmq.log") // where --daemon puts it
+			d := testenv.StartDaemon(t, testenv.DaemonOptions{Backend: backend, Sync: "full", Store: store,
+				Args: []string{"--log-file", logFile, "--log-max-size", "64K"}})
+			t.Cleanup(func() {
+				if t.Failed() {
+					b, _ := os.ReadFile(logFile)
+					t.Logf("daemon log file:\n%s", b)
+				}
+			})
+			q := mkq(t, d, "q", "") // default policy: the archive keeps acked messages
+			inbox := filepath.Join(q, "inbox")
+			body := func(name string) []byte {
+				return bytes.Repeat([]byte(fmt.Sprintf("%-15s\n", name)), 4096/16)
+			}
+			want := map[string]bool{} // committed and not consumed
+			publish := func(name string) string {
+				o, w, c := rawPublish(filepath.Join(inbox, name), body(name))
+				if o+w+c == "OKOKOK" {
+					want[name] = true
+					return "OK"
+				}
+				if o != "OK" {
+					return "open=" + o
+				}
+				return fmt.Sprintf("write=%s close=%s", w, c)
+			}
+			check := func(when string) {
+				t.Helper()
+				got := ls(t, inbox)
+				if !sameSet(got, keysOf(want)) {
+					t.Fatalf("%s: inbox/ lists %d messages, want the %d committed", when, len(got), len(want))
+				}
+				for _, name := range got {
+					if b, err := os.ReadFile(filepath.Join(inbox, name)); err != nil || !bytes.Equal(b, body(name)) {
+						t.Fatalf("%s: inbox/%s reads %d bytes (%v), want its %d", when, name, len(b), err, len(body(name)))
+					}
+				}
+			}
+			// drain leases and acks every message with mv and rm, in one
+			// shell, and fails on the first error.
+			drain := func(when string) {
+				t.Helper()
+				n := len(want)
+				out := testenv.MustSh(t, q, `set -e; k=0; for f in inbox/*; do [ -e "$f" ] || continue; mv "$f" processing/; rm "processing/${f#inbox/}"; k=$((k+1)); done; echo $k`)
+				if got := strings.TrimSpace(out); got != fmt.Sprint(n) {
+					t.Fatalf("%s: drained %s messages, want %d", when, got, n)
+				}
+				clear(want)
+				if left := ls(t, inbox); len(left) != 0 {
+					t.Fatalf("%s: inbox/ still lists %q", when, left)
+				}
+			}
+			// resume waits until a publish succeeds again and says how long
+			// it took; every failure until then must be ENOSPC.
+			resume := func(when string) time.Duration {
+				t.Helper()
+				start := time.Now()
+				for i := 0; ; i++ {
+					got := publish(fmt.Sprintf("%s-%d", when, i))
+					if got == "OK" {
+						return time.Since(start)
+					}
+					if !strings.HasSuffix(got, "=ENOSPC") {
+						t.Fatalf("%s: publish = %s, want OK or ENOSPC", when, got)
+					}
+					if time.Since(start) > 20*time.Second {
+						t.Fatalf("%s: publishing has not resumed after %v", when, time.Since(start))
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+			}
+
+			// Acked messages wait in archive/, which must give way later.
+			for i := 0; i < 40; i++ {
+				if got := publish(fmt.Sprintf("old%02d", i)); got != "OK" {
+					t.Fatalf("publish old%02d: %s", i, got)
+				}
+			}
+			drain("archive")
+			if n := stat(t, q, "archived"); n != 40 {
+				t.Fatalf("archived = %v, want 40", n)
+			}
+
+			// 1. Fill until refused.
+			refusal := ""
+			for i := 0; i < 4000 && refusal == ""; i++ {
+				if got := publish(fmt.Sprintf("m%04d", i)); got != "OK" {
+					refusal = got
+				}
+			}
+			disk := daemonDisk(t, d)
+			t.Logf("%s: %d messages of 4 KiB published on an 8 MiB tmpfs, then %s; .stats disk %+v", backend, len(want), refusal, disk)
+			if !strings.HasSuffix(refusal, "=ENOSPC") {
+				t.Fatalf("publish on a full disk: %q, want ENOSPC", refusal)
+			}
+			if len(want) < 300 {
+				t.Errorf("only %d messages fit before the floor", len(want))
+			}
+			if !disk.Low || disk.PublishesRefusedTotal == 0 || disk.MinFreeBytes != 2<<20 || disk.TotalBytes != 8<<20 {
+				t.Errorf(".stats disk = %+v, want low, publishes refused, a floor of 2 MiB on 8 MiB", disk)
+			}
+			if m := readFile(t, d.Path(".metrics")); !strings.Contains(m, "\nyirangmq_disk_low 1\n") || !strings.Contains(m, "\nyirangmq_disk_min_free_bytes 2097152\n") {
+				t.Errorf(".metrics while low:\n%s", m)
+			}
+			if st := testenv.MustSh(t, d.Mountpoint, testenv.Binary(t)+" status --mount ."); !strings.Contains(st, "LOW") {
+				t.Errorf("status while low:\n%s", st)
+			}
+			for i := 0; i < 3; i++ {
+				if got := publish(fmt.Sprintf("again%d", i)); !strings.HasSuffix(got, "=ENOSPC") {
+					t.Errorf("publish again while low: %s, want ENOSPC", got)
+				}
+			}
+			check("full")
+
+			// 2. Drain every message, zero errors; the archive gives way.
+			drain("drain")
+			if disk := daemonDisk(t, d); disk.ArchiveTrimmedTotal == 0 {
+				t.Errorf("after the drain: archive_trimmed_total = 0, want the archive trimmed (%+v)", disk)
+			}
+
+			// 3. Publishing resumes without a restart.
+			took := resume("resume")
+			t.Logf("%s: publishing resumed %v after the drain", backend, took)
+			for i := 0; i < 20; i++ {
+				if got := publish(fmt.Sprintf("n%02d", i)); got != "OK" {
+					t.Fatalf("publish after the drain: %s", got)
+				}
+			}
+			check("resumed")
+
+			// 4. The disk filled from outside the mount, then freed.
+			filler := filepath.Join(small, "filler")
+			fd, err := unix.Open(filler, unix.O_CREAT|unix.O_WRONLY|unix.O_CLOEXEC, 0o600)
+			if err != nil {
+				t.Fatal(err)
+			}
+			chunk := make([]byte, 64<<10)
+			for {
+				if _, err := unix.Write(fd, chunk); err != nil {
+					break
+				}
+			}
+			unix.Close(fd)
+			// The daemon measures at least every 200 ms.
+			if !testenv.RetryUntil(5*time.Second, func() bool { return daemonDisk(t, d).Low }) {
+				t.Fatalf("the disk filled from outside: .stats disk %+v, want low", daemonDisk(t, d))
+			}
+			if got := publish("outside-full"); !strings.HasSuffix(got, "=ENOSPC") {
+				t.Errorf("publish with the disk filled from outside: %s, want ENOSPC", got)
+			}
+			check("filled from outside")
+			drain("drain after outside fill")
+			if err := os.Remove(filler); err != nil {
+				t.Fatal(err)
+			}
+			took = resume("outside")
+			t.Logf("%s: publishing resumed %v after the outside file was removed", backend, took)
+			for i := 0; i < 5; i++ {
+				if got := publish(fmt.Sprintf("z%02d", i)); got != "OK" {
+					t.Fatalf("publish after the outside file was removed: %s", got)
+				}
+			}
+			check("space back")
+
+			// Nothing committed is lost across a restart.
+			if err := d.Stop(); err != nil {
+				t.Fatal(err)
+			}
+			d.Restart(t)
+			check("after a restart")
+
+			// The log stayed small: refusals are rate-limited.
+			var size int64
+			for _, p := range []string{logFile, logFile + ".1"} {
+				if fi, err := os.Stat(p); err == nil {
+					size += fi.Size()
+				}
+			}
+			b, _ := os.ReadFile(logFile)
+			refused := strings.Count(string(b), "create refused")
+			t.Logf("%s: log %d bytes, %d lines of create refused", backend, size, refused)
+			if size > 128<<10 || refused > 30 {
+				t.Errorf("log: %d bytes with %d lines of create refused, want at most 128 KiB and 30", size, refused)
+			}
+		})
+	}
+}
+
+func keysOf(m map[string]bool) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
