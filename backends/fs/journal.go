@@ -33,7 +33,7 @@ var crcTable = crc32.MakeTable(crc32.Castagnoli)
 // The file is extended with zeros ahead of the records (zeroed), a chunk at
 // a time: an fdatasync of a write over allocated blocks only flushes data,
 // while one of an append also updates the file's size and block map, which
-// costs about 1.5 times as much on this kind of machine (BASELINES.md).
+// costs about 1.5 times as much on this kind of machine (docs/mount-bench.md, Baselines).
 // Replay reads a header of zeros as the end of the journal.
 type journal struct {
 	f      *os.File

@@ -16,7 +16,7 @@ const (
 	// floor: a request's round trip through the kernel and go-fuse.
 	floorFstat floorKind = iota
 	// floorStat: stat(2) of QUEUE/.stats by path, the path walk's LOOKUPs
-	// and GETATTR, for comparison with BASELINES.md's "stat() 125 µs".
+	// and GETATTR, for comparison with the baseline "stat() 125 µs" (docs/mount-bench.md).
 	floorStat
 )
 

@@ -486,7 +486,7 @@ func (b *bench) measure(d *daemon, store string, f func() (phaseResult, error)) 
 // runPlain runs the three operations on plain directories: each client
 // count in new directories ("fresh"), then again in the same directories
 // right after their files were deleted ("churn": ext4 without a journal
-// skips inodes freed in the last 60 s, see BASELINES.md).
+// skips inodes freed in the last 60 s, see docs/mount-bench.md, Baselines).
 func (b *bench) runPlain(ctx context.Context) error {
 	modes := []bool{false}
 	if slices.Contains(b.cfg.syncs, "full") {
