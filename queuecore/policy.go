@@ -212,11 +212,17 @@ func compileSchema(doc []byte) (*jsonschema.Schema, error) {
 	// Never fetch a $ref from the network or the disk: a policy is
 	// untrusted input.
 	c.UseLoader(noLoader{})
-	if err := c.AddResource("policy.json", v); err != nil {
+	if err := c.AddResource(schemaURL, v); err != nil {
 		return nil, err
 	}
-	return c.Compile("policy.json")
+	return c.Compile(schemaURL)
 }
+
+// schemaURL is where a policy's schema lives for the compiler. A fixed,
+// absolute name: a relative one is resolved against the daemon's working
+// directory, which then showed in error texts (dlq reasons, xattrs) that
+// other users read.
+const schemaURL = "urn:yirangmq:schema"
 
 type noLoader struct{}
 
