@@ -3,6 +3,8 @@ package fusefs
 import (
 	"context"
 	"errors"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -92,9 +94,30 @@ func fillMessage(out *fuse.Attr, m queuecore.Message) {
 	out.Size = uint64(m.Size)
 	out.Nlink = 1
 	out.Uid, out.Gid = m.UID, m.GID
+	if uid, ok := leaserUID(m); ok {
+		// A leased message belongs to its leaser: it may set the reason
+		// of its failure (setxattr needs write permission) and move its
+		// deadline (touch -d needs ownership), whoever published it.
+		out.Uid = uid
+	}
 	out.SetTimes(&t, &t, &t)
 	out.Blksize = 4096
 	out.Blocks = (out.Size + 511) / 512
+}
+
+// leaserUID is the uid of a leased message's leaser, from its consumer
+// ("uid=N pid=P cmd=C", see consumer).
+func leaserUID(m queuecore.Message) (uint32, bool) {
+	if m.State != queuecore.StateLeased {
+		return 0, false
+	}
+	v, ok := strings.CutPrefix(m.Consumer, "uid=")
+	if !ok {
+		return 0, false
+	}
+	v, _, _ = strings.Cut(v, " ")
+	n, err := strconv.ParseUint(v, 10, 32)
+	return uint32(n), err == nil
 }
 
 var _ = (fs.NodeGetattrer)((*msgNode)(nil))
@@ -252,7 +275,22 @@ func (n *msgNode) resizeLocked(size int64) syscall.Errno {
 		}
 		return 0
 	}
-	nb := make([]byte, size, max(size, 2*int64(cap(p.buf))))
+	// Grow by doubling (within maxMessageBytes), or to exactly size when
+	// the draft bounds leave no room for more.
+	newCap := max(size, min(2*int64(cap(p.buf)), p.limit))
+	if !n.fsys.drafts.grow(&n.fsys.opts, p.uid, newCap-p.held) {
+		newCap = size
+		if !n.fsys.drafts.grow(&n.fsys.opts, p.uid, newCap-p.held) {
+			if !p.quota {
+				n.fsys.log.Warn("write refused: too many uncommitted bytes (EDQUOT)", "queue", n.queue, "name", n.name, "uid", p.uid,
+					"max_total", n.fsys.opts.MaxDraftBytes, "max_per_uid", n.fsys.opts.MaxDraftBytesPerUID)
+				p.quota = true
+			}
+			return syscall.EDQUOT
+		}
+	}
+	p.held = newCap
+	nb := make([]byte, size, newCap)
 	copy(nb, p.buf)
 	p.buf = nb
 	return 0
@@ -312,4 +350,11 @@ func (n *msgNode) Release(ctx context.Context, fh fs.FileHandle) syscall.Errno {
 var _ = (fs.NodeOnForgetter)((*msgNode)(nil))
 
 // OnForget: the kernel dropped this inode.
-func (n *msgNode) OnForget() { n.fsys.placements.forgotten(n.id, n.gen) }
+func (n *msgNode) OnForget() {
+	n.fsys.placements.forgotten(n.id, n.gen)
+	n.mu.Lock()
+	if p := n.pend; p != nil && p.done {
+		n.release(p) // settled, but its bytes were kept: they go now
+	}
+	n.mu.Unlock()
+}

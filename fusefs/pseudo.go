@@ -284,6 +284,17 @@ func (n *nextNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
 		return nil, 0, syscall.EPERM
 	}
+	// A read leases: it needs what `mv inbox/X processing/` needs, write
+	// and search permission on the queue's directories (they share the
+	// queue's owner and mode), not the read permission of .next.
+	info, err := n.fsys.core.QueueInfo(n.queue)
+	if err != nil {
+		return nil, 0, errnoOf(err)
+	}
+	if c := callerCreds(ctx); !c.may(info.UID, info.GID, info.Mode, mayWrite|mayExec) {
+		n.fsys.log.Warn(".next refused: leasing needs write permission on the queue", "queue", n.queue, "uid", c.uid)
+		return nil, 0, syscall.EACCES
+	}
 	return &nextHandle{nonblock: flags&syscall.O_NONBLOCK != 0}, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NONSEEKABLE, 0
 }
 
@@ -297,13 +308,13 @@ func (n *nextNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off 
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if !h.leased {
-		if waiting := n.fsys.nextReaders.Add(1); waiting > int64(n.fsys.opts.MaxNextReaders) {
-			n.fsys.nextReaders.Add(-1)
-			n.fsys.log.Warn(".next refused: too many blocked readers", "queue", n.queue, "max", n.fsys.opts.MaxNextReaders)
+		uid, _, _ := caller(ctx)
+		if why := n.fsys.readers.enter(&n.fsys.opts, uid, n.queue); why != "" {
+			n.fsys.log.Warn(".next refused: too many blocked readers "+why, "queue", n.queue, "uid", uid)
 			return nil, syscall.EBUSY
 		}
 		m, err := n.fsys.core.Next(ctx, n.queue, n.fsys.consumer(ctx), h.nonblock)
-		n.fsys.nextReaders.Add(-1)
+		n.fsys.readers.leave(uid, n.queue)
 		if err != nil {
 			return nil, errnoOf(err)
 		}
