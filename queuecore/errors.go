@@ -8,18 +8,21 @@ import (
 // Sentinel errors of the queue core. fusefs maps each to one errno in one
 // place; callers test them with errors.Is.
 var (
-	ErrNotFound    = errors.New("not found")                            // ENOENT
-	ErrExists      = errors.New("already exists")                       // EEXIST
-	ErrImmutable   = errors.New("committed messages cannot be changed") // EPERM
-	ErrNotAllowed  = errors.New("operation not allowed")                // EPERM: a transition not in the table
-	ErrNotEmpty    = errors.New("queue is not empty")                   // ENOTEMPTY
-	ErrQueueFull   = errors.New("queue holds maxReady ready messages")  // EDQUOT
-	ErrTooLarge    = errors.New("message larger than maxMessageBytes")  // EFBIG
-	ErrPaused      = errors.New("queue is paused")                      // EAGAIN
-	ErrEmpty       = errors.New("no message is ready")                  // EAGAIN (non-blocking receive)
-	ErrLocked      = errors.New("store is in use by another process")   // EBUSY
-	ErrClosed      = errors.New("queue core is closed")                 // EIO
-	ErrInvalidName = errors.New("invalid name")                         // EINVAL
+	ErrNotFound   = errors.New("not found")                            // ENOENT
+	ErrExists     = errors.New("already exists")                       // EEXIST
+	ErrImmutable  = errors.New("committed messages cannot be changed") // EPERM
+	ErrNotAllowed = errors.New("operation not allowed")                // EPERM: a transition not in the table
+	ErrNotEmpty   = errors.New("queue is not empty")                   // ENOTEMPTY
+	ErrQueueFull  = errors.New("queue holds maxReady ready messages")  // EDQUOT
+	ErrTooLarge   = errors.New("message larger than maxMessageBytes")  // EFBIG
+	ErrPaused     = errors.New("queue is paused")                      // EAGAIN
+	// ErrPolicyBroken: the queue's stored policy cannot be loaded, so the
+	// queue is closed until a valid policy is written to its .policy.
+	ErrPolicyBroken = errors.New("the queue's stored policy cannot be loaded; write a valid .policy") // EIO
+	ErrEmpty        = errors.New("no message is ready")                                               // EAGAIN (non-blocking receive)
+	ErrLocked       = errors.New("store is in use by another process")                                // EBUSY
+	ErrClosed       = errors.New("queue core is closed")                                              // EIO
+	ErrInvalidName  = errors.New("invalid name")                                                      // EINVAL
 )
 
 // InputError is bad input from a user: an invalid name, policy or flag.

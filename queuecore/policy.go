@@ -31,6 +31,10 @@ type Policy struct {
 	Paused         bool            `json:"paused"`
 
 	schema *jsonschema.Schema // compiled Schema
+	// broken says why the stored policy could not be loaded: the queue
+	// then runs closed (paused, publishes refused with ErrPolicyBroken)
+	// until a valid policy is written.
+	broken string
 }
 
 // RetryPolicy says how often and how late a failed message is retried.
@@ -194,7 +198,7 @@ func (p *Policy) check() error {
 		if p.Format == "raw" {
 			return bad("schema", "needs format json or envelope")
 		}
-		compiled, err := compileSchema(s)
+		compiled, err := compileSchemaBounded(s)
 		if err != nil {
 			return bad("schema", err.Error())
 		}
@@ -203,11 +207,9 @@ func (p *Policy) check() error {
 	return nil
 }
 
-func compileSchema(doc []byte) (*jsonschema.Schema, error) {
-	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(doc))
-	if err != nil {
-		return nil, fmt.Errorf("not JSON: %w", err)
-	}
+// compileSchema compiles a schema document read by jsonschema.UnmarshalJSON
+// (see compileSchemaBounded for its bounds).
+func compileSchema(v any) (*jsonschema.Schema, error) {
 	c := jsonschema.NewCompiler()
 	// Never fetch a $ref from the network or the disk: a policy is
 	// untrusted input.
@@ -229,6 +231,31 @@ type noLoader struct{}
 func (noLoader) Load(url string) (any, error) {
 	return nil, fmt.Errorf("schema may not refer to %s: only references inside the schema are allowed", url)
 }
+
+// StoredJSON is the form a store keeps: compact, without HTML escapes, so
+// that it is never longer than needed. SetPolicy checks that it reads back
+// (ParsePolicy, the same limits as at load) before it is stored.
+func (p Policy) StoredJSON() []byte {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(p)
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
+}
+
+// brokenPolicy is what a queue runs on when its stored policy cannot be
+// loaded: closed. Leasing is paused and publishes are refused, so that no
+// message is accepted or handled without the schema, format or fanout the
+// owner set.
+func brokenPolicy(err error) Policy {
+	p := DefaultPolicy()
+	p.Paused = true
+	p.broken = err.Error()
+	return p
+}
+
+// Broken returns why the queue's stored policy could not be loaded, or "".
+func (p *Policy) Broken() string { return p.broken }
 
 // JSON renders the policy with every field, as .policy shows it.
 func (p Policy) JSON() []byte {
