@@ -117,6 +117,7 @@ type policyNode struct {
 type policyWriter struct {
 	mu      sync.Mutex
 	opener  uint32 // thread that opened it
+	creds   creds  // who opened it: the policy's writer
 	buf     []byte
 	written bool
 	tooBig  bool // a write went past maxPolicyWrite: the document is not whole
@@ -154,8 +155,9 @@ var _ = (fs.NodeOpener)((*policyNode)(nil))
 
 func (n *policyNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
-		_, _, pid := caller(ctx)
-		return &policyWriter{opener: pid}, fuse.FOPEN_DIRECT_IO, 0
+		c := callerCreds(ctx)
+		c.inGroup(^uint32(0)) // read the groups now: the writer may be gone at RELEASE
+		return &policyWriter{opener: c.pid, creds: c}, fuse.FOPEN_DIRECT_IO, 0
 	}
 	p, err := n.fsys.core.Policy(n.queue)
 	if err != nil {
@@ -215,10 +217,38 @@ func (n *policyNode) commit(ctx context.Context, w *policyWriter) syscall.Errno 
 		n.fsys.log.Warn("policy rejected: document larger than the limit", "queue", n.queue, "limit", maxPolicyWrite)
 		return syscall.EINVAL
 	}
+	if errno := n.checkFanout(w); errno != 0 {
+		return errno
+	}
 	if err := n.fsys.core.SetPolicy(ctx, n.queue, w.buf); err != nil {
 		return errnoOf(err) // the core logged why
 	}
 	n.fsys.log.Info("policy replaced", "queue", n.queue)
+	return 0
+}
+
+// checkFanout: naming a queue as a fanout target puts messages in its
+// inbox/, so it needs what publishing there needs, write and search
+// permission on that queue, for the policy's writer. It is checked when
+// the policy is written; a later chmod of the target does not undo a
+// fanout already in place (docs/multiuser.md).
+func (n *policyNode) checkFanout(w *policyWriter) syscall.Errno {
+	var doc struct {
+		Fanout []string `json:"fanout"`
+	}
+	if json.Unmarshal(w.buf, &doc) != nil {
+		return 0 // not a policy: SetPolicy says why
+	}
+	for _, target := range doc.Fanout {
+		info, err := n.fsys.core.QueueInfo(target)
+		if err != nil {
+			continue // no such queue: SetPolicy says so
+		}
+		if !w.creds.may(info.UID, info.GID, info.Mode, mayWrite|mayExec) {
+			n.fsys.log.Warn("policy rejected: fanout to a queue its writer may not publish to", "queue", n.queue, "fanout", target, "uid", w.creds.uid)
+			return syscall.EACCES
+		}
+	}
 	return 0
 }
 
