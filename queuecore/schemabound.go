@@ -56,8 +56,16 @@ func compileSchemaBounded(doc []byte) (*jsonschema.Schema, error) {
 		s   *jsonschema.Schema
 		err error
 	}
+	t := time.NewTimer(schemaCompileTimeout)
+	defer t.Stop()
+	select {
+	case compileSlots <- struct{}{}:
+	case <-t.C:
+		return nil, fmt.Errorf("other schemas are still compiling: try again later")
+	}
 	done := make(chan result, 1)
 	go func() {
+		defer func() { <-compileSlots }()
 		s, err := compileSchema(v)
 		if err == nil {
 			// A few values every schema must get through quickly.
@@ -67,8 +75,6 @@ func compileSchemaBounded(doc []byte) (*jsonschema.Schema, error) {
 		}
 		done <- result{s, err}
 	}()
-	t := time.NewTimer(schemaCompileTimeout)
-	defer t.Stop()
 	select {
 	case r := <-done:
 		return r.s, r.err
@@ -79,12 +85,30 @@ func compileSchemaBounded(doc []byte) (*jsonschema.Schema, error) {
 	}
 }
 
+// A compile or a validation that ran out of time cannot be stopped: it
+// goes on in its goroutine until it ends. The slots bound how many run at
+// once, so that repeating a costly schema or message cannot take every
+// CPU: a new one waits for a slot within its own time bound, else it is
+// refused.
+var (
+	compileSlots  = make(chan struct{}, 2)
+	validateSlots = make(chan struct{}, 16)
+)
+
 // validateBounded validates v against s within schemaValidateTimeout.
 func validateBounded(s *jsonschema.Schema, v any) error {
-	done := make(chan error, 1)
-	go func() { done <- s.Validate(v) }()
 	t := time.NewTimer(schemaValidateTimeout)
 	defer t.Stop()
+	select {
+	case validateSlots <- struct{}{}:
+	case <-t.C:
+		return errSchemaTimeout
+	}
+	done := make(chan error, 1)
+	go func() {
+		defer func() { <-validateSlots }()
+		done <- s.Validate(v)
+	}()
 	select {
 	case err := <-done:
 		return err
