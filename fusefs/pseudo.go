@@ -163,6 +163,13 @@ func (n *policyNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uin
 	if err != nil {
 		return nil, 0, errnoOf(err)
 	}
+	if why := p.Broken(); why != "" {
+		// The policy in effect is a closed stand-in, not the owner's: a
+		// read-modify-write of it (yirangmq resume) must not reopen the
+		// queue on defaults. Writing a whole valid policy does.
+		n.fsys.log.Warn(".policy read refused: the stored policy cannot be loaded", "queue", n.queue, "err", why)
+		return nil, 0, syscall.EIO
+	}
 	return &snapshot{data: p.JSON()}, fuse.FOPEN_DIRECT_IO, 0
 }
 
