@@ -12,7 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"yirangmq/testenv"
+	"yirangmq/testenv/pgtest"
 )
 
 // Several users on one mount (docs/multiuser.md): a root mount with
@@ -482,5 +485,42 @@ func (m *multiUser) storeFilesPrivate(t *testing.T) {
 		if r := m.as(t, nobody, "cat '"+f+"' > /dev/null"); r.Code == 0 {
 			t.Errorf("nobody read %s", f)
 		}
+	}
+}
+
+// 10. A postgres connection string's password shows in no form: not in
+// /proc/mounts, .stats or the log, whichever way pgx reads it.
+func TestMultiUserPasswordHidden(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root: a root mount read by other users")
+	}
+	s := pgtest.Start(t)
+	for i, form := range []string{
+		"host=%s port=%d user=%s dbname=%s sslmode=disable password = SECRETPW",
+		"host=%s port=%d user=%s dbname=%s sslmode=disable password='SECRET PW2'",
+		`host=%s port=%d user=%s dbname=%s sslmode=disable password='SEC\'RET PW3'`,
+		"password=SECRETPW4 host=%s port=%d user=%s dbname=%s sslmode=disable",
+		"postgres://%[3]s:SECRETPW5@/%[4]s?host=%[1]s&port=%[2]d&sslmode=disable",
+		"postgres://%[3]s@/%[4]s?host=%[1]s&port=%[2]d&sslmode=disable&password=SECRETPW6",
+	} {
+		t.Run(strconv.Itoa(i), func(t *testing.T) {
+			cc, err := pgconn.ParseConfig(s.CreateDB(t, fmt.Sprintf("pw%d", i)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			conn := fmt.Sprintf(form, cc.Host, cc.Port, cc.User, cc.Database)
+			d := testenv.StartDaemon(t, testenv.DaemonOptions{Backend: "postgres", Store: conn, Args: []string{"-o", "allow_other"}})
+			openPath(t, d)
+			mkq(t, d, "q", "")
+			r := asUser(t, nobody, d.Mountpoint, "grep "+d.Mountpoint+" /proc/mounts; cat .stats q/.stats")
+			if r.Code != 0 || !strings.Contains(r.Stdout, "xxxxx") {
+				t.Errorf("as nobody: exit %d %q %q; want the mount line and stats with the password hidden", r.Code, r.Stdout, r.Stderr)
+			}
+			for what, text := range map[string]string{"/proc/mounts and .stats": r.Stdout, "the log": d.Log()} {
+				if strings.Contains(text, "SECRET") || strings.Contains(text, "RET PW") {
+					t.Errorf("%s show the password of %q:\n%s", what, form, text)
+				}
+			}
+		})
 	}
 }
