@@ -402,7 +402,8 @@ func (c *Core) SetPolicy(ctx context.Context, name string, data []byte) error {
 	if err == nil {
 		// What is stored must load again under the same limits: check the
 		// stored form now rather than find out at the next mount.
-		if _, lerr := ParsePolicy(p.StoredJSON()); lerr != nil {
+		// (Its schema was compiled just now: the same schema, compact.)
+		if _, lerr := parsePolicy(p.StoredJSON(), false); lerr != nil {
 			err = &InputError{Field: "policy", Msg: "its stored form would not load: " + lerr.Error()}
 		}
 	}

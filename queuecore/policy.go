@@ -35,6 +35,8 @@ type Policy struct {
 	// then runs closed (paused, publishes refused with ErrPolicyBroken)
 	// until a valid policy is written.
 	broken string
+
+	skipCompile bool // see parsePolicy
 }
 
 // RetryPolicy says how often and how late a failed message is retried.
@@ -92,8 +94,14 @@ func DefaultPolicy() Policy {
 // ParsePolicy reads a policy document strictly: unknown fields, wrong types
 // and values out of range are errors (*InputError naming the field); fields
 // left out take their defaults.
-func ParsePolicy(data []byte) (Policy, error) {
+func ParsePolicy(data []byte) (Policy, error) { return parsePolicy(data, true) }
+
+// parsePolicy is ParsePolicy; without compile, a schema is checked against
+// its static bounds but not compiled (for a document whose schema was just
+// compiled in another form).
+func parsePolicy(data []byte, compile bool) (Policy, error) {
 	p := DefaultPolicy()
+	p.skipCompile = !compile
 	if len(data) > maxPolicyBytes {
 		return p, &InputError{Field: "policy", Msg: fmt.Sprintf("document is larger than %d bytes", maxPolicyBytes)}
 	}
@@ -198,7 +206,7 @@ func (p *Policy) check() error {
 		if p.Format == "raw" {
 			return bad("schema", "needs format json or envelope")
 		}
-		compiled, err := compileSchemaBounded(s)
+		compiled, err := compileSchemaBounded(s, !p.skipCompile)
 		if err != nil {
 			return bad("schema", err.Error())
 		}
