@@ -30,8 +30,14 @@ type msgNode struct {
 	pend *pending // nil once committed
 }
 
-// readHandle serves reads of a committed message; the body never changes.
-type readHandle struct{ body []byte }
+// readHandle serves reads of a committed message (the body never changes)
+// or of a copy of a file not committed yet, whose bytes count in the
+// draft bounds of the reader's uid until the release (held).
+type readHandle struct {
+	body []byte
+	uid  uint32
+	held int64
+}
 
 // current returns the message this node stands for, wherever it is now.
 func (n *msgNode) current(ctx context.Context) (queuecore.Message, error) {
@@ -140,10 +146,17 @@ func (n *msgNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32
 		if writing {
 			return nil, 0, syscall.EPERM // one writer per file being written: its creator
 		}
+		uid, _, _ := caller(ctx)
 		n.mu.Lock()
+		size := int64(len(p.buf))
+		if !n.fsys.drafts.grow(&n.fsys.opts, uid, size) {
+			n.mu.Unlock()
+			n.fsys.log.Warn("open refused: too many uncommitted bytes (EDQUOT)", "queue", n.queue, "name", name, "uid", uid)
+			return nil, 0, syscall.EDQUOT
+		}
 		body := append([]byte(nil), p.buf...)
 		n.mu.Unlock()
-		return &readHandle{body: body}, fuse.FOPEN_DIRECT_IO, 0
+		return &readHandle{body: body, uid: uid, held: size}, fuse.FOPEN_DIRECT_IO, 0
 	}
 	if writing {
 		n.fsys.log.Warn("open for writing refused: committed messages are immutable", "queue", n.queue, "name", name)
@@ -334,6 +347,10 @@ var _ = (fs.NodeReleaser)((*msgNode)(nil))
 // Release commits what no Flush did: empty files, and files whose
 // descriptor went to another process.
 func (n *msgNode) Release(ctx context.Context, fh fs.FileHandle) syscall.Errno {
+	if h, ok := fh.(*readHandle); ok && h.held > 0 {
+		n.fsys.drafts.grow(&n.fsys.opts, h.uid, -h.held) // a copy of a file not committed
+		h.held, h.body = 0, nil
+	}
 	if _, ok := fh.(*writeHandle); !ok {
 		return 0
 	}

@@ -282,6 +282,11 @@ func (m *multiUser) draftFlood(t *testing.T) {
 	if !strings.Contains(d.Log(), "too many uncommitted bytes (EDQUOT)") {
 		t.Errorf("no log line for EDQUOT")
 	}
+	// Reading a draft copies it: that counts too, so opening many copies
+	// of one's own drafts cannot get around the bound.
+	if r := m.as(t, nobody, "cat open/inbox/.d0 > /dev/null"); r.Code == 0 || !strings.Contains(r.Stderr, "quota") {
+		t.Errorf("reading a draft past the bound: exit %d %q, want Disk quota exceeded", r.Code, r.Stderr)
+	}
 	// Other users are not starved.
 	wantOut(t, "a stranger's message", m.run(t, stranger, "publish-big", "open/inbox/other", "200000"), "open=OK\nwrite=OK\nclose=OK")
 	wantOut(t, "root's message", client(t, d.Mountpoint, "publish-big", "open/inbox/root", "200000"), "open=OK\nwrite=OK\nclose=OK")
