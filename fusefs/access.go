@@ -28,7 +28,10 @@ func callerCreds(ctx context.Context) creds {
 	if c, ok := fuse.FromContext(ctx); ok {
 		return creds{uid: c.Uid, gid: c.Gid, pid: c.Pid}
 	}
-	return creds{} // the daemon itself (RELEASE has no caller)
+	// No caller: a request the kernel makes by itself (RELEASE). Such
+	// creds are root's, so they are never used for a check: a check is
+	// made at open, which always has a caller, and its creds kept.
+	return creds{}
 }
 
 // Access bits, as in access(2).
