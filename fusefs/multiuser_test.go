@@ -216,6 +216,14 @@ func (m *multiUser) fanoutTarget(t *testing.T) {
 	wantNames(t, "vault/inbox", ls(t, d.Path("vault", "inbox")), "t")
 	wantNames(t, "open/inbox", ls(t, d.Path("open", "inbox")), "fan")
 	testenv.MustSh(t, d.Mountpoint, `echo '{"fanout": []}' > mine/.policy && rm mine/inbox/fan open/inbox/fan`)
+	// A forward (mv of a leased message to another queue's inbox/) needs
+	// write permission on the target too: the kernel checks it.
+	testenv.MustSh(t, d.Mountpoint, `echo f > open/inbox/fwd`)
+	if r := m.as(t, nobody, `m=$(cat open/.next) && mv open/$m vault/inbox/`); r.Code == 0 || !strings.Contains(r.Stderr, "Permission denied") {
+		t.Errorf("forward into vault by nobody: exit %d %q", r.Code, r.Stderr)
+	}
+	wantNames(t, "vault/inbox", ls(t, d.Path("vault", "inbox")), "t")
+	testenv.MustSh(t, d.Mountpoint, `rm open/processing/fwd`)
 }
 
 // 3. The leaser may set the reason and extend the lease, whoever
