@@ -25,9 +25,13 @@ import (
 //   - validating one message within schemaValidateTimeout, past which the
 //     message is refused with that reason.
 const (
-	maxSchemaBytes        = 64 << 10
-	maxSchemaDepth        = 64
-	maxSchemaChecks       = 20000
+	maxSchemaBytes  = 64 << 10
+	maxSchemaDepth  = 64
+	maxSchemaChecks = 20000
+)
+
+// Variables only for the tests of the time bounds.
+var (
 	schemaCompileTimeout  = time.Second
 	schemaValidateTimeout = 500 * time.Millisecond
 )
@@ -121,6 +125,8 @@ func validateBounded(s *jsonschema.Schema, v any) error {
 }
 
 var errSchemaTimeout = fmt.Errorf("validating the message against the schema took more than %v", schemaValidateTimeout)
+
+// (errSchemaTimeout names the bound as it is when the daemon starts.)
 
 // jsonDepth returns how deep valid JSON nests arrays and objects.
 func jsonDepth(b []byte) int {

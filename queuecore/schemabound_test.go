@@ -49,7 +49,7 @@ func TestSchemaBounds(t *testing.T) {
 		}
 	}
 	// Within the bounds: accepted.
-	for _, s := range []string{nestedAllOf(12), strings.Repeat(`{"not":`, 60) + `{}` + strings.Repeat(`}`, 60),
+	for _, s := range []string{nestedAllOf(8), strings.Repeat(`{"not":`, 60) + `{}` + strings.Repeat(`}`, 60),
 		`{"type":"object","properties":{"a":{"$ref":"#"}}}`} {
 		if _, err := ParsePolicy([]byte(`{"format":"json","schema":` + s + `}`)); err != nil {
 			t.Errorf("schema %.60s refused: %v", s, err)
@@ -91,5 +91,25 @@ func TestStoredPolicyCompact(t *testing.T) {
 	}
 	if _, err := ParsePolicy(stored); err != nil {
 		t.Errorf("stored form does not load: %v", err)
+	}
+}
+
+// A schema within the static bounds whose compile and test validation
+// take longer than the bound is refused with that reason. (The bound is
+// made tiny here: how long a compile takes depends on the machine.)
+func TestSchemaCompileBounded(t *testing.T) {
+	old := schemaCompileTimeout
+	schemaCompileTimeout = time.Nanosecond
+	defer func() { schemaCompileTimeout = old }()
+	_, err := ParsePolicy([]byte(`{"format":"json","schema":` + nestedAllOf(10) + `}`))
+	if err == nil || !strings.Contains(err.Error(), "took more than") {
+		t.Fatalf("error %v, want the compile bound", err)
+	}
+	// The compile that ran out of time still gives its slot back.
+	schemaCompileTimeout = old
+	for i := 0; i < 3*cap(compileSlots); i++ {
+		if _, err := ParsePolicy([]byte(`{"format":"json","schema":{"type":"object"}}`)); err != nil {
+			t.Fatalf("a plain schema after a timed-out one: %v", err)
+		}
 	}
 }
