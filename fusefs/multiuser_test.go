@@ -188,9 +188,7 @@ func (m *multiUser) nextNeedsWrite(t *testing.T) {
 	if r := m.as(t, nobody, "mv ro/inbox/s ro/processing/"); r.Code == 0 || !strings.Contains(r.Stderr, "Permission denied") {
 		t.Errorf("mv by nobody: exit %d %q", r.Code, r.Stderr)
 	}
-	if !strings.Contains(d.Log(), ".next refused: leasing needs write permission") {
-		t.Errorf("no log line for the refused .next")
-	}
+	wantLog(t, d, ".next refused: leasing needs write permission")
 	wantNames(t, "ro/inbox", ls(t, d.Path("ro", "inbox")), "s")
 	wantNames(t, "ro/processing", ls(t, d.Path("ro", "processing")))
 	// A group that may read but not write: still refused; once the group
@@ -208,9 +206,7 @@ func (m *multiUser) nextNeedsWrite(t *testing.T) {
 func (m *multiUser) fanoutTarget(t *testing.T) {
 	d := m.d
 	wantOut(t, "nobody fans out to root's 0700 vault", m.run(t, nobody, "write-policy", "mine/.policy", `{"fanout": ["vault"]}`), "open=OK\nwrite=OK\nclose=EACCES")
-	if !strings.Contains(d.Log(), "policy rejected: fanout to a queue its writer may not publish to") {
-		t.Errorf("no log line for the refused fanout")
-	}
+	wantLog(t, d, "policy rejected: fanout to a queue its writer may not publish to")
 	wantOut(t, "nobody fans out to the 0777 queue", m.run(t, nobody, "write-policy", "mine/.policy", `{"fanout": ["open"]}`), "open=OK\nwrite=OK\nclose=OK")
 	wantOut(t, "publish to mine", m.run(t, nobody, "publish", "mine/inbox/fan", "x"), "open=OK\nwrite=OK\nclose=OK")
 	wantNames(t, "vault/inbox", ls(t, d.Path("vault", "inbox")), "t")
@@ -287,9 +283,7 @@ func (m *multiUser) draftFlood(t *testing.T) {
 		t.Errorf("daemon used %v of CPU for the flood", cpu)
 	}
 	wantOut(t, "one more by the flooder", m.run(t, nobody, "publish-big", "open/inbox/.more", "262144"), "open=OK\nwrite=EDQUOT\nclose=OK")
-	if !strings.Contains(d.Log(), "too many uncommitted bytes (EDQUOT)") {
-		t.Errorf("no log line for EDQUOT")
-	}
+	wantLog(t, d, "too many uncommitted bytes (EDQUOT)")
 	// Reading a draft copies it: that counts too, so opening many copies
 	// of one's own drafts cannot get around the bound.
 	if r := m.as(t, nobody, "cat open/inbox/.d0 > /dev/null"); r.Code == 0 || !strings.Contains(r.Stderr, "quota") {
@@ -357,9 +351,8 @@ func (m *multiUser) nextReaders(t *testing.T) {
 	wantOut(t, "root's .next on the full queue", client(t, d.Mountpoint, "next-nonblock", "open/.next"), "open=OK\nread=EBUSY")
 	testenv.MustSh(t, d.Mountpoint, `echo r > rq/inbox/r`)
 	wantOut(t, "root's .next on another queue", client(t, d.Mountpoint, "next", "rq/.next", "10"), "open=OK\nread=OK\ndata=processing/r")
-	if !strings.Contains(d.Log(), "too many blocked readers for this uid") || !strings.Contains(d.Log(), "too many blocked readers on this queue") {
-		t.Errorf("no log lines for the refused readers")
-	}
+	wantLog(t, d, "too many blocked readers for this uid")
+	wantLog(t, d, "too many blocked readers on this queue")
 	// Killed readers take no lease and give their slots back.
 	for _, c := range []*exec.Cmd{a, b} {
 		syscall.Kill(-c.Process.Pid, syscall.SIGKILL)
@@ -544,4 +537,10 @@ func checkPrivate(t *testing.T, d *testenv.Daemon, p string, fi fs.FileInfo, fil
 	case fi.IsDir() && p != d.Store && fi.Mode().Perm()&0o077 != 0:
 		t.Errorf("%s is %v", p, fi.Mode())
 	}
+}
+
+// wantLog waits for a line of the daemon's log (it comes through a pipe).
+func wantLog(t *testing.T, d *testenv.Daemon, text string) {
+	t.Helper()
+	retryUntil(t, 5*time.Second, "log line "+text, func() bool { return strings.Contains(d.Log(), text) })
 }
