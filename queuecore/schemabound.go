@@ -65,9 +65,7 @@ func compileSchemaBounded(doc []byte, compile bool) (*jsonschema.Schema, error) 
 	}
 	t := time.NewTimer(schemaCompileTimeout)
 	defer t.Stop()
-	select {
-	case compileSlots <- struct{}{}:
-	case <-t.C:
+	if !takeSlot(compileSlots, t.C) {
 		return nil, fmt.Errorf("other schemas are still compiling: try again later")
 	}
 	done := make(chan result, 1)
@@ -102,13 +100,26 @@ var (
 	validateSlots = make(chan struct{}, 16)
 )
 
+// takeSlot takes a free slot at once, else waits for one until timeout.
+func takeSlot(slots chan struct{}, timeout <-chan time.Time) bool {
+	select {
+	case slots <- struct{}{}:
+		return true
+	default:
+	}
+	select {
+	case slots <- struct{}{}:
+		return true
+	case <-timeout:
+		return false
+	}
+}
+
 // validateBounded validates v against s within schemaValidateTimeout.
 func validateBounded(s *jsonschema.Schema, v any) error {
 	t := time.NewTimer(schemaValidateTimeout)
 	defer t.Stop()
-	select {
-	case validateSlots <- struct{}{}:
-	case <-t.C:
+	if !takeSlot(validateSlots, t.C) {
 		return errSchemaTimeout
 	}
 	done := make(chan error, 1)
