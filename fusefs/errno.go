@@ -37,6 +37,8 @@ func errnoOf(err error) syscall.Errno {
 		return syscall.EFBIG
 	case errors.Is(err, queuecore.ErrPaused), errors.Is(err, queuecore.ErrEmpty):
 		return syscall.EAGAIN
+	case errors.Is(err, queuecore.ErrPolicyBroken):
+		return syscall.EIO
 	case errors.Is(err, queuecore.ErrLocked):
 		return syscall.EBUSY
 	case errors.Is(err, context.Canceled):

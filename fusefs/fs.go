@@ -7,7 +7,6 @@ import (
 	"os"
 	"runtime/debug"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -31,8 +30,17 @@ type Options struct {
 	// Names found missing are never cached.
 	EntryTimeout, AttrTimeout time.Duration
 	// MaxNextReaders caps the .next reads blocked at once; past it a read
-	// fails with EBUSY.
-	MaxNextReaders int
+	// fails with EBUSY. MaxNextReadersPerUID and MaxNextReadersPerQueue
+	// cap them per caller uid and per queue (EBUSY too), so that one user
+	// cannot take the readers of the others away.
+	MaxNextReaders         int
+	MaxNextReadersPerUID   int
+	MaxNextReadersPerQueue int
+	// MaxDraftBytes and MaxDraftBytesPerUID bound the bytes held in
+	// memory for files not committed yet (being written, and drafts), in
+	// all and per writer uid; past them a write fails with EDQUOT.
+	MaxDraftBytes       int64
+	MaxDraftBytesPerUID int64
 	// DraftTTL is how long an uncommitted draft (.name in inbox/) is kept.
 	DraftTTL time.Duration
 	FsName   string // shown as the source in /proc/mounts
@@ -43,11 +51,15 @@ type Options struct {
 // DefaultOptions are the options of `yirangmq mount` without flags.
 func DefaultOptions() Options {
 	return Options{
-		EntryTimeout:   time.Second,
-		AttrTimeout:    time.Second,
-		MaxNextReaders: 1024,
-		DraftTTL:       time.Hour,
-		FsName:         "yirangmq",
+		EntryTimeout:           time.Second,
+		AttrTimeout:            time.Second,
+		MaxNextReaders:         1024,
+		MaxNextReadersPerUID:   256,
+		MaxNextReadersPerQueue: 512,
+		MaxDraftBytes:          256 << 20,
+		MaxDraftBytesPerUID:    64 << 20,
+		DraftTTL:               time.Hour,
+		FsName:                 "yirangmq",
 	}
 }
 
@@ -61,7 +73,8 @@ type FS struct {
 	uid  uint32 // the mounting user, owner of the root
 	gid  uint32
 
-	nextReaders atomic.Int64
+	readers readerCount // blocked .next reads (limits.go)
+	drafts  draftBytes  // bytes of uncommitted files (limits.go)
 
 	mu      sync.Mutex
 	queueNo map[string]uint32       // queue name → number, for inode numbers
@@ -86,6 +99,18 @@ func New(opts Options) *FS {
 	d := DefaultOptions()
 	if opts.MaxNextReaders <= 0 {
 		opts.MaxNextReaders = d.MaxNextReaders
+	}
+	if opts.MaxNextReadersPerUID <= 0 {
+		opts.MaxNextReadersPerUID = d.MaxNextReadersPerUID
+	}
+	if opts.MaxNextReadersPerQueue <= 0 {
+		opts.MaxNextReadersPerQueue = d.MaxNextReadersPerQueue
+	}
+	if opts.MaxDraftBytes <= 0 {
+		opts.MaxDraftBytes = d.MaxDraftBytes
+	}
+	if opts.MaxDraftBytesPerUID <= 0 {
+		opts.MaxDraftBytesPerUID = d.MaxDraftBytesPerUID
 	}
 	if opts.DraftTTL <= 0 {
 		opts.DraftTTL = d.DraftTTL

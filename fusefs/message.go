@@ -3,6 +3,8 @@ package fusefs
 import (
 	"context"
 	"errors"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -28,8 +30,14 @@ type msgNode struct {
 	pend *pending // nil once committed
 }
 
-// readHandle serves reads of a committed message; the body never changes.
-type readHandle struct{ body []byte }
+// readHandle serves reads of a committed message (the body never changes)
+// or of a copy of a file not committed yet, whose bytes count in the
+// draft bounds of the reader's uid until the release (held).
+type readHandle struct {
+	body []byte
+	uid  uint32
+	held int64
+}
 
 // current returns the message this node stands for, wherever it is now.
 func (n *msgNode) current(ctx context.Context) (queuecore.Message, error) {
@@ -96,9 +104,30 @@ func fillMessage(out *fuse.Attr, m queuecore.Message) {
 	out.Size = uint64(m.Size)
 	out.Nlink = 1
 	out.Uid, out.Gid = m.UID, m.GID
+	if uid, ok := leaserUID(m); ok {
+		// A leased message belongs to its leaser: it may set the reason
+		// of its failure (setxattr needs write permission) and move its
+		// deadline (touch -d needs ownership), whoever published it.
+		out.Uid = uid
+	}
 	out.SetTimes(&t, &t, &t)
 	out.Blksize = 4096
 	out.Blocks = (out.Size + 511) / 512
+}
+
+// leaserUID is the uid of a leased message's leaser, from its consumer
+// ("uid=N pid=P cmd=C", see consumer).
+func leaserUID(m queuecore.Message) (uint32, bool) {
+	if m.State != queuecore.StateLeased {
+		return 0, false
+	}
+	v, ok := strings.CutPrefix(m.Consumer, "uid=")
+	if !ok {
+		return 0, false
+	}
+	v, _, _ = strings.Cut(v, " ")
+	n, err := strconv.ParseUint(v, 10, 32)
+	return uint32(n), err == nil
 }
 
 var _ = (fs.NodeGetattrer)((*msgNode)(nil))
@@ -121,10 +150,17 @@ func (n *msgNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32
 		if writing {
 			return nil, 0, syscall.EPERM // one writer per file being written: its creator
 		}
+		uid, _, _ := caller(ctx)
 		n.mu.Lock()
+		size := int64(len(p.buf))
+		if !n.fsys.drafts.grow(&n.fsys.opts, uid, size) {
+			n.mu.Unlock()
+			n.fsys.log.Warn("open refused: too many uncommitted bytes (EDQUOT)", "queue", n.queue, "name", name, "uid", uid)
+			return nil, 0, syscall.EDQUOT
+		}
 		body := append([]byte(nil), p.buf...)
 		n.mu.Unlock()
-		return &readHandle{body: body}, fuse.FOPEN_DIRECT_IO, 0
+		return &readHandle{body: body, uid: uid, held: size}, fuse.FOPEN_DIRECT_IO, 0
 	}
 	if writing {
 		n.fsys.log.Warn("open for writing refused: committed messages are immutable", "queue", n.queue, "name", name)
@@ -265,7 +301,22 @@ func (n *msgNode) resizeLocked(size int64) syscall.Errno {
 		}
 		return 0
 	}
-	nb := make([]byte, size, max(size, 2*int64(cap(p.buf))))
+	// Grow by doubling (within maxMessageBytes), or to exactly size when
+	// the draft bounds leave no room for more.
+	newCap := max(size, min(2*int64(cap(p.buf)), p.limit))
+	if !n.fsys.drafts.grow(&n.fsys.opts, p.uid, newCap-p.held) {
+		newCap = size
+		if !n.fsys.drafts.grow(&n.fsys.opts, p.uid, newCap-p.held) {
+			if !p.quota {
+				n.fsys.log.Warn("write refused: too many uncommitted bytes (EDQUOT)", "queue", n.queue, "name", n.name, "uid", p.uid,
+					"max_total", n.fsys.opts.MaxDraftBytes, "max_per_uid", n.fsys.opts.MaxDraftBytesPerUID)
+				p.quota = true
+			}
+			return syscall.EDQUOT
+		}
+	}
+	p.held = newCap
+	nb := make([]byte, size, newCap)
 	copy(nb, p.buf)
 	p.buf = nb
 	return 0
@@ -309,6 +360,10 @@ var _ = (fs.NodeReleaser)((*msgNode)(nil))
 // Release commits what no Flush did: empty files, and files whose
 // descriptor went to another process.
 func (n *msgNode) Release(ctx context.Context, fh fs.FileHandle) syscall.Errno {
+	if h, ok := fh.(*readHandle); ok && h.held > 0 {
+		n.fsys.drafts.grow(&n.fsys.opts, h.uid, -h.held) // a copy of a file not committed
+		h.held, h.body = 0, nil
+	}
 	if _, ok := fh.(*writeHandle); !ok {
 		return 0
 	}
@@ -328,4 +383,11 @@ func (n *msgNode) Release(ctx context.Context, fh fs.FileHandle) syscall.Errno {
 var _ = (fs.NodeOnForgetter)((*msgNode)(nil))
 
 // OnForget: the kernel dropped this inode.
-func (n *msgNode) OnForget() { n.fsys.placements.forgotten(n.id, n.gen) }
+func (n *msgNode) OnForget() {
+	n.fsys.placements.forgotten(n.id, n.gen)
+	n.mu.Lock()
+	if p := n.pend; p != nil && p.done {
+		n.release(p) // settled, but its bytes were kept: they go now
+	}
+	n.mu.Unlock()
+}

@@ -27,10 +27,13 @@ type pending struct {
 	created time.Time
 	limit   int64 // the queue's maxMessageBytes at create
 
-	buf     []byte
-	written bool // at least one write(2), however short
-	tooBig  bool // EFBIG already logged
-	done    bool // committed, refused or discarded: later writes are EPERM
+	buf      []byte
+	written  bool  // at least one write(2), however short
+	tooBig   bool  // EFBIG already logged
+	quota    bool  // EDQUOT already logged
+	held     int64 // bytes of buf accounted in FS.drafts
+	wasDraft bool  // committed by the rename of a draft
+	done     bool  // committed, refused or discarded: later writes are EPERM
 
 	// editorTemp: named like an in-place editor's temporary file, held
 	// until renamed or until its creator exits (editortemp.go), whose
@@ -69,7 +72,7 @@ func (n *msgNode) commit(ctx context.Context) syscall.Errno {
 		// Drop the file and fail the close too, for a producer that only
 		// checks close(2).
 		n.fsys.log.Warn("message dropped: a write went past maxMessageBytes", "queue", n.queue, "name", n.name, "limit", p.limit)
-		p.buf = nil
+		n.release(p)
 		return syscall.EFBIG
 	}
 	res, err := n.fsys.core.Publish(ctx, n.queue, n.name, p.buf, queuecore.PublishOptions{
@@ -86,8 +89,10 @@ func (n *msgNode) commit(ctx context.Context) syscall.Errno {
 	default:
 		n.fsys.log.Warn("publish failed", "queue", n.queue, "name", n.name, "err", err)
 	}
-	if n.pend == nil || err == nil {
-		p.buf = nil // published (or dropped as a duplicate): the store has it
+	if n.pend == nil || err == nil || !p.wasDraft {
+		// Published (or dropped as a duplicate): the store has it. Or
+		// refused: the file is gone.
+		n.release(p)
 	} // else keep the bytes: a draft whose rename failed is a draft again
 	return errnoOf(err)
 }
@@ -98,7 +103,20 @@ func (n *msgNode) discard() {
 	defer n.mu.Unlock()
 	if n.pend != nil {
 		n.pend.done = true
-		n.pend.buf = nil
+		n.release(n.pend)
+	}
+}
+
+// release drops the bytes of a file not committed and gives them
+// back to the draft bounds.
+func (n *msgNode) release(p *pending) {
+	if p == nil {
+		return
+	}
+	p.buf = nil
+	if p.held != 0 {
+		n.fsys.drafts.grow(&n.fsys.opts, p.uid, -p.held)
+		p.held = 0
 	}
 }
 
@@ -111,6 +129,7 @@ func (n *msgNode) rename(newName string) syscall.Errno {
 	}
 	n.name = newName
 	n.pend.draft, n.pend.editorTemp = false, false
+	n.pend.wasDraft = true
 	return 0
 }
 
@@ -135,7 +154,7 @@ func (n *msgNode) isStaleDraft(now time.Time, ttl time.Duration) bool {
 		return false
 	}
 	n.pend.done = true
-	n.pend.buf = nil
+	n.release(n.pend)
 	return true
 }
 

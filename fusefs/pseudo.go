@@ -117,6 +117,7 @@ type policyNode struct {
 type policyWriter struct {
 	mu      sync.Mutex
 	opener  uint32 // thread that opened it
+	creds   creds  // who opened it: the policy's writer
 	buf     []byte
 	written bool
 	tooBig  bool // a write went past maxPolicyWrite: the document is not whole
@@ -154,12 +155,20 @@ var _ = (fs.NodeOpener)((*policyNode)(nil))
 
 func (n *policyNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
-		_, _, pid := caller(ctx)
-		return &policyWriter{opener: pid}, fuse.FOPEN_DIRECT_IO, 0
+		c := callerCreds(ctx)
+		c.inGroup(^uint32(0)) // read the groups now: the writer may be gone at RELEASE
+		return &policyWriter{opener: c.pid, creds: c}, fuse.FOPEN_DIRECT_IO, 0
 	}
 	p, err := n.fsys.core.Policy(n.queue)
 	if err != nil {
 		return nil, 0, errnoOf(err)
+	}
+	if why := p.Broken(); why != "" {
+		// The policy in effect is a closed stand-in, not the owner's: a
+		// read-modify-write of it (yirangmq resume) must not reopen the
+		// queue on defaults. Writing a whole valid policy does.
+		n.fsys.log.Warn(".policy read refused: the stored policy cannot be loaded", "queue", n.queue, "err", why)
+		return nil, 0, syscall.EIO
 	}
 	return &snapshot{data: p.JSON()}, fuse.FOPEN_DIRECT_IO, 0
 }
@@ -215,10 +224,38 @@ func (n *policyNode) commit(ctx context.Context, w *policyWriter) syscall.Errno 
 		n.fsys.log.Warn("policy rejected: document larger than the limit", "queue", n.queue, "limit", maxPolicyWrite)
 		return syscall.EINVAL
 	}
+	if errno := n.checkFanout(w); errno != 0 {
+		return errno
+	}
 	if err := n.fsys.core.SetPolicy(ctx, n.queue, w.buf); err != nil {
 		return errnoOf(err) // the core logged why
 	}
 	n.fsys.log.Info("policy replaced", "queue", n.queue)
+	return 0
+}
+
+// checkFanout: naming a queue as a fanout target puts messages in its
+// inbox/, so it needs what publishing there needs, write and search
+// permission on that queue, for the policy's writer. It is checked when
+// the policy is written; a later chmod of the target does not undo a
+// fanout already in place (docs/multiuser.md).
+func (n *policyNode) checkFanout(w *policyWriter) syscall.Errno {
+	var doc struct {
+		Fanout []string `json:"fanout"`
+	}
+	if json.Unmarshal(w.buf, &doc) != nil {
+		return 0 // not a policy: SetPolicy says why
+	}
+	for _, target := range doc.Fanout {
+		info, err := n.fsys.core.QueueInfo(target)
+		if err != nil {
+			continue // no such queue: SetPolicy says so
+		}
+		if !w.creds.may(info.UID, info.GID, info.Mode, mayWrite|mayExec) {
+			n.fsys.log.Warn("policy rejected: fanout to a queue its writer may not publish to", "queue", n.queue, "fanout", target, "uid", w.creds.uid)
+			return syscall.EACCES
+		}
+	}
 	return 0
 }
 
@@ -284,6 +321,17 @@ func (n *nextNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
 		return nil, 0, syscall.EPERM
 	}
+	// A read leases: it needs what `mv inbox/X processing/` needs, write
+	// and search permission on the queue's directories (they share the
+	// queue's owner and mode), not the read permission of .next.
+	info, err := n.fsys.core.QueueInfo(n.queue)
+	if err != nil {
+		return nil, 0, errnoOf(err)
+	}
+	if c := callerCreds(ctx); !c.may(info.UID, info.GID, info.Mode, mayWrite|mayExec) {
+		n.fsys.log.Warn(".next refused: leasing needs write permission on the queue", "queue", n.queue, "uid", c.uid)
+		return nil, 0, syscall.EACCES
+	}
 	return &nextHandle{nonblock: flags&syscall.O_NONBLOCK != 0}, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NONSEEKABLE, 0
 }
 
@@ -297,13 +345,13 @@ func (n *nextNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off 
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if !h.leased {
-		if waiting := n.fsys.nextReaders.Add(1); waiting > int64(n.fsys.opts.MaxNextReaders) {
-			n.fsys.nextReaders.Add(-1)
-			n.fsys.log.Warn(".next refused: too many blocked readers", "queue", n.queue, "max", n.fsys.opts.MaxNextReaders)
+		uid, _, _ := caller(ctx)
+		if why := n.fsys.readers.enter(&n.fsys.opts, uid, n.queue); why != "" {
+			n.fsys.log.Warn(".next refused: too many blocked readers "+why, "queue", n.queue, "uid", uid)
 			return nil, syscall.EBUSY
 		}
 		m, err := n.fsys.core.Next(ctx, n.queue, n.fsys.consumer(ctx), h.nonblock)
-		n.fsys.nextReaders.Add(-1)
+		n.fsys.readers.leave(uid, n.queue)
 		if err != nil {
 			return nil, errnoOf(err)
 		}

@@ -203,6 +203,12 @@ func (d *stateDir) Rename(ctx context.Context, name string, newParent fs.InodeEm
 	// where it is; a replay or a forward is a new message, which the
 	// moved inode stands for meanwhile (successors).
 	d.fsys.placements.moved(m.ID, to.state)
+	if child := d.GetChild(name); child != nil && to.state == queuecore.StateLeased {
+		// The leaser owns it now (fillMessage): its next setxattr or
+		// touch must not be checked against the publisher the kernel
+		// cached. Attributes only: takes no inode lock in the kernel.
+		child.NotifyContent(-1, 0)
+	}
 	if child := d.GetChild(name); child != nil {
 		if old, ok := child.Operations().(*msgNode); ok && old.id != m.ID {
 			d.fsys.successors.add(old.id, m.Queue, m.ID, time.Now())

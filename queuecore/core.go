@@ -138,10 +138,12 @@ func Open(ctx context.Context, store Store, opts Options) (*Core, error) {
 	for _, info := range infos {
 		p, err := ParsePolicy(info.Policy)
 		if err != nil {
-			// A policy the store kept but this version rejects: run the
-			// queue on defaults rather than refuse to start.
-			c.log.Error("stored policy is invalid, using defaults", logQueue, info.Name, logErr, err)
-			p = DefaultPolicy()
+			// A policy the store kept but this version rejects: the queue
+			// fails closed, never silently on defaults (which would accept
+			// what its schema refuses, drop its fanout, resume it).
+			c.log.Error("STORED POLICY CANNOT BE LOADED: queue closed (leasing paused, publishes refused with EIO) until a valid policy is written to its .policy",
+				logQueue, info.Name, logErr, err)
+			p = brokenPolicy(err)
 		}
 		q := newQueue(info, p)
 		live := int64(0)
@@ -299,7 +301,7 @@ func (c *Core) CreateQueue(ctx context.Context, name string, uid, gid, mode uint
 	c.creating[name] = true
 	c.mu.Unlock()
 	p := DefaultPolicy()
-	info := QueueInfo{Name: name, Policy: p.JSON(), UID: uid, GID: gid, Mode: mode & 0o7777, CreatedAt: c.now()}
+	info := QueueInfo{Name: name, Policy: p.StoredJSON(), UID: uid, GID: gid, Mode: mode & 0o7777, CreatedAt: c.now()}
 	put := c.store.PutQueue
 	if c.shared != nil {
 		put = c.shared.CreateQueue // another daemon may have made it meanwhile
@@ -413,6 +415,14 @@ func (c *Core) SetPolicy(ctx context.Context, name string, data []byte) error {
 			err = &InputError{Field: "policy field fanout", Msg: "no queue named " + quote(f)}
 		}
 	}
+	if err == nil {
+		// What is stored must load again under the same limits: check the
+		// stored form now rather than find out at the next mount.
+		// (Its schema was compiled just now: the same schema, compact.)
+		if _, lerr := parsePolicy(p.StoredJSON(), false); lerr != nil {
+			err = &InputError{Field: "policy", Msg: "its stored form would not load: " + lerr.Error()}
+		}
+	}
 	if err != nil {
 		c.log.Warn("policy rejected", logQueue, name, logErr, err)
 		return err
@@ -434,6 +444,9 @@ func (c *Core) SetPaused(ctx context.Context, name string, paused bool) error {
 		return err
 	}
 	return c.updateQueue(ctx, q, func(_ *QueueInfo, p *Policy) error {
+		if p.broken != "" {
+			return fmt.Errorf("queue %q: %w", name, ErrPolicyBroken)
+		}
 		p.Paused = paused
 		return nil
 	})
@@ -455,7 +468,9 @@ func (c *Core) updateQueue(ctx context.Context, q *queue, change func(*QueueInfo
 	if err := change(&info, &p); err != nil {
 		return err
 	}
-	info.Policy = p.JSON()
+	if p.broken == "" {
+		info.Policy = p.StoredJSON()
+	} // else keep the stored document as it is: defaults must not replace it
 	put := c.store.PutQueue
 	if c.shared != nil {
 		put = c.shared.UpdateQueue // another daemon may have deleted it meanwhile

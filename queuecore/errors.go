@@ -23,6 +23,9 @@ var (
 	// ErrDiskLow refuses a publish while the store's filesystem has less
 	// free space than the floor (space.go).
 	ErrDiskLow = errors.New("free space under the store is below the floor (--min-free)") // ENOSPC
+	// ErrPolicyBroken: the queue's stored policy cannot be loaded, so the
+	// queue is closed until a valid policy is written to its .policy.
+	ErrPolicyBroken = errors.New("the queue's stored policy cannot be loaded; write a valid .policy") // EIO
 )
 
 // InputError is bad input from a user: an invalid name, policy or flag.

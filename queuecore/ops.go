@@ -90,6 +90,10 @@ func (c *Core) Publish(ctx context.Context, queueName, name string, body []byte,
 
 func (c *Core) publish(ctx context.Context, q *queue, name string, body []byte, o PublishOptions) (PublishResult, error) {
 	p := policyOf(q)
+	if p.broken != "" {
+		c.log.Warn("publish refused: the queue's stored policy cannot be loaded", logQueue, q.name, "name", name, logErr, p.broken)
+		return PublishResult{}, fmt.Errorf("queue %q: %w", q.name, ErrPolicyBroken)
+	}
 	if int64(len(body)) > p.MaxMessageBytes {
 		return PublishResult{}, fmt.Errorf("%s: %d bytes: %w (%d)", name, len(body), ErrTooLarge, p.MaxMessageBytes)
 	}
@@ -117,6 +121,10 @@ func (c *Core) publish(ctx context.Context, q *queue, name string, body []byte, 
 			fq, err := c.queue(f)
 			if err != nil {
 				c.log.Warn("fanout queue is gone, copy skipped", logQueue, q.name, "fanout", f)
+				continue
+			}
+			if policyOf(fq).broken != "" {
+				c.log.Warn("fanout queue is closed (its stored policy cannot be loaded), copy skipped", logQueue, q.name, "fanout", f)
 				continue
 			}
 			fan = append(fan, fq)
@@ -681,6 +689,9 @@ func (c *Core) Forward(ctx context.Context, queueName, name, toQueue string) (Me
 	body, err := c.store.Body(ctx, m.ID)
 	if err != nil {
 		return Message{}, err
+	}
+	if tp.broken != "" {
+		return Message{}, fmt.Errorf("forward to %q: %w", toQueue, ErrPolicyBroken)
 	}
 	if int64(len(body)) > tp.MaxMessageBytes {
 		return Message{}, fmt.Errorf("forward to %q: %w (%d)", toQueue, ErrTooLarge, tp.MaxMessageBytes)

@@ -31,6 +31,12 @@ type Policy struct {
 	Paused         bool            `json:"paused"`
 
 	schema *jsonschema.Schema // compiled Schema
+	// broken says why the stored policy could not be loaded: the queue
+	// then runs closed (paused, publishes refused with ErrPolicyBroken)
+	// until a valid policy is written.
+	broken string
+
+	skipCompile bool // see parsePolicy
 }
 
 // RetryPolicy says how often and how late a failed message is retried.
@@ -88,8 +94,14 @@ func DefaultPolicy() Policy {
 // ParsePolicy reads a policy document strictly: unknown fields, wrong types
 // and values out of range are errors (*InputError naming the field); fields
 // left out take their defaults.
-func ParsePolicy(data []byte) (Policy, error) {
+func ParsePolicy(data []byte) (Policy, error) { return parsePolicy(data, true) }
+
+// parsePolicy is ParsePolicy; without compile, a schema is checked against
+// its static bounds but not compiled (for a document whose schema was just
+// compiled in another form).
+func parsePolicy(data []byte, compile bool) (Policy, error) {
 	p := DefaultPolicy()
+	p.skipCompile = !compile
 	if len(data) > maxPolicyBytes {
 		return p, &InputError{Field: "policy", Msg: fmt.Sprintf("document is larger than %d bytes", maxPolicyBytes)}
 	}
@@ -194,7 +206,7 @@ func (p *Policy) check() error {
 		if p.Format == "raw" {
 			return bad("schema", "needs format json or envelope")
 		}
-		compiled, err := compileSchema(s)
+		compiled, err := compileSchemaBounded(s, !p.skipCompile)
 		if err != nil {
 			return bad("schema", err.Error())
 		}
@@ -203,26 +215,55 @@ func (p *Policy) check() error {
 	return nil
 }
 
-func compileSchema(doc []byte) (*jsonschema.Schema, error) {
-	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(doc))
-	if err != nil {
-		return nil, fmt.Errorf("not JSON: %w", err)
-	}
+// compileSchema compiles a schema document read by jsonschema.UnmarshalJSON
+// (see compileSchemaBounded for its bounds).
+func compileSchema(v any) (*jsonschema.Schema, error) {
 	c := jsonschema.NewCompiler()
 	// Never fetch a $ref from the network or the disk: a policy is
 	// untrusted input.
 	c.UseLoader(noLoader{})
-	if err := c.AddResource("policy.json", v); err != nil {
+	if err := c.AddResource(schemaURL, v); err != nil {
 		return nil, err
 	}
-	return c.Compile("policy.json")
+	return c.Compile(schemaURL)
 }
+
+// schemaURL is where a policy's schema lives for the compiler. A fixed,
+// absolute name: a relative one is resolved against the daemon's working
+// directory, which then showed in error texts (dlq reasons, xattrs) that
+// other users read.
+const schemaURL = "urn:yirangmq:schema"
 
 type noLoader struct{}
 
 func (noLoader) Load(url string) (any, error) {
 	return nil, fmt.Errorf("schema may not refer to %s: only references inside the schema are allowed", url)
 }
+
+// StoredJSON is the form a store keeps: compact, without HTML escapes, so
+// that it is never longer than needed. SetPolicy checks that it reads back
+// (ParsePolicy, the same limits as at load) before it is stored.
+func (p Policy) StoredJSON() []byte {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(p)
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
+}
+
+// brokenPolicy is what a queue runs on when its stored policy cannot be
+// loaded: closed. Leasing is paused and publishes are refused, so that no
+// message is accepted or handled without the schema, format or fanout the
+// owner set.
+func brokenPolicy(err error) Policy {
+	p := DefaultPolicy()
+	p.Paused = true
+	p.broken = err.Error()
+	return p
+}
+
+// Broken returns why the queue's stored policy could not be loaded, or "".
+func (p *Policy) Broken() string { return p.broken }
 
 // JSON renders the policy with every field, as .policy shows it.
 func (p Policy) JSON() []byte {

@@ -170,10 +170,14 @@ func (c *Core) reloadQueues(ctx context.Context) error {
 	for _, info := range infos {
 		seen[info.Name] = true
 		p, perr := ParsePolicy(info.Policy)
-		if perr != nil {
-			p = DefaultPolicy()
-		}
 		q := c.queues[info.Name]
+		if perr != nil {
+			if q == nil || q.policy.broken == "" {
+				c.log.Error("STORED POLICY CANNOT BE LOADED: queue closed (leasing paused, publishes refused with EIO) until a valid policy is written to its .policy",
+					logQueue, info.Name, logErr, perr)
+			}
+			p = brokenPolicy(perr)
+		}
 		if q == nil {
 			if !c.creating[info.Name] {
 				c.queues[info.Name] = newQueue(info, p)

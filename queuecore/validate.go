@@ -149,7 +149,9 @@ func (p *Policy) checkBody(queue string, body []byte, now time.Time) (checked, e
 		if err != nil {
 			return c, err
 		}
-		if err := p.schema.Validate(v); err != nil {
+		if err := validateBounded(p.schema, v); err == errSchemaTimeout {
+			return c, err
+		} else if err != nil {
 			return c, fmt.Errorf("schema: %s", oneLine(err.Error()))
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	neturl "net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -91,7 +92,16 @@ var sessionSettings = map[string]string{
 func Open(ctx context.Context, url string, opts backends.Options) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, fmt.Errorf("open postgres store: parse %s: %w", redact(url), err)
+		// pgx's own text quotes the connection string; say it redacted.
+		msg := "invalid connection string"
+		if inner := errors.Unwrap(err); inner != nil {
+			msg = inner.Error()
+		}
+		var ue *neturl.Error // its text quotes the URL, password and all
+		if errors.As(err, &ue) {
+			msg = ue.Err.Error()
+		}
+		return nil, fmt.Errorf("open postgres store: cannot parse %s: %s", Redact(url), msg)
 	}
 	cc := cfg.ConnConfig
 	if cc.ConnectTimeout == 0 || cc.ConnectTimeout > connectTimeout {
@@ -230,23 +240,6 @@ func closeConn(c *pgx.Conn) {
 // describe names the database of cc for error messages, without password.
 func describe(cc *pgx.ConnConfig) string {
 	return fmt.Sprintf("%s@%s:%d/%s", cc.User, cc.Host, cc.Port, cc.Database)
-}
-
-// redact hides the password of a URL or DSN in an error message.
-func redact(url string) string {
-	if i := strings.Index(url, "://"); i >= 0 {
-		rest := url[i+3:]
-		if at := strings.LastIndex(strings.SplitN(rest, "/", 2)[0], "@"); at >= 0 {
-			if colon := strings.Index(rest[:at], ":"); colon >= 0 {
-				return url[:i+3] + rest[:colon] + ":xxx" + rest[at:]
-			}
-		}
-		return url
-	}
-	if strings.Contains(url, "password") {
-		return "(a DSN with a password)"
-	}
-	return url
 }
 
 func truncate(s string, n int) string {

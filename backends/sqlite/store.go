@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -145,6 +146,9 @@ func (s *Store) open() error {
 		if err := registerVFS(); err != nil {
 			return err
 		}
+	}
+	if err := privateFiles(s.path); err != nil {
+		return err
 	}
 	c, err := openConn(s.path, s.connOpts(true))
 	if err != nil {
@@ -323,4 +327,28 @@ func (s *Store) closeConns() error {
 		s.w = nil
 	}
 	return errors.Join(errs...)
+}
+
+// privateFiles makes the database and its -wal and -shm files 0600 before
+// SQLite opens them, whatever the umask and the directory's mode: they hold
+// message bodies. SQLite creates a database with 0644 and gives its -wal
+// and -shm the database file's mode (with fchmod, so the umask does not
+// matter), so the database file is created here, empty, and every one
+// already there is set to 0600.
+func privateFiles(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("create %s: %w", path, err)
+	}
+	err = f.Chmod(0o600)
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("chmod %s: %w", path, err)
+	}
+	for _, p := range []string{path + "-wal", path + "-shm"} {
+		if err := os.Chmod(p, 0o600); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("chmod %s: %w", p, err)
+		}
+	}
+	return nil
 }

@@ -472,14 +472,20 @@ func readNext(stop <-chan struct{}, path string, nonblock bool) (string, error) 
 			return "", &os.PathError{Op: "read", Path: path, Err: err}
 		}
 		got = append(got, buf[:n]...)
-		if n == 0 || bytes.IndexByte(got, '\n') >= 0 {
+		// Read to the end: a message name may hold newlines, so the first
+		// one is not the end of the answer. The answer is small (a name is
+		// at most 255 bytes), and .next says EOF once it was read.
+		if n == 0 || len(got) > 4096 {
 			break
 		}
 	}
-	line := strings.TrimSpace(string(got))
-	name, ok := strings.CutPrefix(line, "processing/")
-	if !ok || name == "" || strings.ContainsRune(name, '/') {
-		return "", fmt.Errorf("read %s: unexpected answer %q", path, line)
+	// The answer is exactly "processing/NAME\n": only that last newline
+	// is taken off. Trimming more took "victim " for "victim", another
+	// consumer's message.
+	line, ok := bytes.CutSuffix(got, []byte("\n"))
+	name, ok2 := strings.CutPrefix(string(line), "processing/")
+	if !ok || !ok2 || name == "" || strings.ContainsAny(name, "/\x00") {
+		return "", fmt.Errorf("read %s: unexpected answer %q", path, got)
 	}
 	return name, nil
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 	"testing"
@@ -342,5 +343,62 @@ func TestConsumeSIGTERMReleases(t *testing.T) {
 	}
 	if v := xattr(t, delayed, "reason"); v != "NACKED" {
 		t.Errorf("reason %q after a nack, want NACKED", v)
+	}
+}
+
+// consume uses the exact name .next gives: names that differ only by
+// spaces, that hold newlines or start with dashes are each handled with
+// their own body and acked under their own name, never another's.
+func TestConsumeExactNames(t *testing.T) {
+	d := startMount(t)
+	mkqueue(t, d, "exact", archivePolicy)
+	names := []string{"victim ", "victim", " victim", "a\nb", "a", "tail\n", "-rf", "--help", "- x", "sp ace"}
+	for i, n := range names {
+		if err := os.WriteFile(d.Path("exact", "inbox", n), []byte{byte('A' + i)}, 0o644); err != nil {
+			t.Fatalf("publish %q: %v", n, err)
+		}
+	}
+	seen := filepath.Join(t.TempDir(), "seen")
+	t.Setenv("SEEN", seen)
+	// Each handler records its body and the path it was given, NUL-ended.
+	r := cli(t, "", "consume", "--mount", d.Mountpoint, "--queue", "exact", "--drain", "--",
+		"sh", "-c", `{ cat; printf '%s\0' "$YIRANGMQ_MESSAGE"; } >> "$SEEN"`)
+	if r.code != 0 {
+		t.Fatalf("consume: exit %d, %q", r.code, r.stderr)
+	}
+	b, err := os.ReadFile(seen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, rec := range strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00") {
+		got[filepath.Base(rec[1:])] = rec[:1]
+	}
+	for i, n := range names {
+		if want := string(rune('A' + i)); got[n] != want {
+			t.Errorf("message %q: its handler read %q, want %q", n, got[n], want)
+		}
+	}
+	if len(got) != len(names) {
+		t.Errorf("%d handlers for %d messages: %q", len(got), len(names), got)
+	}
+	archived, err := os.ReadDir(d.Path("exact", "archive"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var arch []string
+	for _, e := range archived {
+		arch = append(arch, e.Name())
+	}
+	sort.Strings(arch)
+	want := append([]string(nil), names...)
+	sort.Strings(want)
+	if strings.Join(arch, "\x00") != strings.Join(want, "\x00") {
+		t.Errorf("archive/ holds %q, want %q", arch, want)
+	}
+	for i, n := range names {
+		if b, err := os.ReadFile(d.Path("exact", "archive", n)); err != nil || string(b) != string(rune('A'+i)) {
+			t.Errorf("archive/%q: %q %v", n, b, err)
+		}
 	}
 }

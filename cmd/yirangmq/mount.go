@@ -35,6 +35,9 @@ type mountFlags struct {
 	daemon, debug                   bool
 	entryTimeout                    time.Duration
 	cpuProfile                      string
+	// limits for several users on one mount (docs/multiuser.md)
+	nextReaders, nextReadersPerUID, nextReadersPerQueue int
+	draftMiB, draftMiBPerUID                            int64
 }
 
 func runMount(ctx context.Context, env *cliEnv, args []string) error {
@@ -55,6 +58,12 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	fl.StringVar(&f.logMaxSize, "log-max-size", "10M", "with --log-file: move the log to FILE.1 at this size (0: never, for logrotate)")
 	fl.BoolVar(&f.debug, "debug", false, "log every FUSE request")
 	fl.DurationVar(&f.entryTimeout, "cache-timeout", time.Second, "how long the kernel may cache names and attributes")
+	lim := fusefs.DefaultOptions()
+	fl.IntVar(&f.nextReaders, "max-next-readers", lim.MaxNextReaders, "blocked .next reads at once, in all (past it: EBUSY)")
+	fl.IntVar(&f.nextReadersPerUID, "max-next-readers-per-uid", lim.MaxNextReadersPerUID, "blocked .next reads at once per caller uid")
+	fl.IntVar(&f.nextReadersPerQueue, "max-next-readers-per-queue", lim.MaxNextReadersPerQueue, "blocked .next reads at once per queue")
+	fl.Int64Var(&f.draftMiB, "max-draft-mib", lim.MaxDraftBytes>>20, "MiB held for files not committed yet, in all (past it a write fails with EDQUOT)")
+	fl.Int64Var(&f.draftMiBPerUID, "max-draft-mib-per-uid", lim.MaxDraftBytesPerUID>>20, "MiB held for files not committed yet, per writer uid")
 	// For measuring the daemon: a CPU profile to FILE, and the
 	// allocations to FILE.allocs, written at unmount.
 	fl.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile to FILE (and allocations to FILE.allocs)")
@@ -152,6 +161,8 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	opts := fusefs.DefaultOptions()
 	opts.AllowOther, opts.Debug, opts.Logger = allowOther, f.debug, log
 	opts.EntryTimeout, opts.AttrTimeout = f.entryTimeout, f.entryTimeout
+	opts.MaxNextReaders, opts.MaxNextReadersPerUID, opts.MaxNextReadersPerQueue = f.nextReaders, f.nextReadersPerUID, f.nextReadersPerQueue
+	opts.MaxDraftBytes, opts.MaxDraftBytesPerUID = f.draftMiB<<20, f.draftMiBPerUID<<20
 	shown := displayStore(f.backend, f.store)
 	opts.FsName = shown
 	fsys := fusefs.New(opts)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -62,24 +61,7 @@ func displayStore(backend, store string) string {
 	if backend != "postgres" {
 		return store
 	}
-	if u, err := url.Parse(store); err == nil && u.Scheme != "" {
-		if _, has := u.User.Password(); has {
-			u.User = url.UserPassword(u.User.Username(), "xxxxx")
-		}
-		q := u.Query()
-		if q.Has("password") {
-			q.Set("password", "xxxxx")
-			u.RawQuery = q.Encode()
-		}
-		return u.String()
-	}
-	fields := strings.Fields(store)
-	for i, f := range fields {
-		if k, _, ok := strings.Cut(f, "="); ok && k == "password" {
-			fields[i] = "password=xxxxx"
-		}
-	}
-	return strings.Join(fields, " ")
+	return postgres.Redact(store)
 }
 
 // newLogger makes the daemon's logger: text (default) or json on out,

@@ -1,0 +1,107 @@
+package postgres
+
+import (
+	"net/url"
+	"strings"
+)
+
+// Redact returns a connection string with its password replaced by xxxxx,
+// for /proc/mounts, .stats and logs. It reads the string the way pgx does
+// (pgconn.ParseConfig): a postgres:// or postgresql:// URL (the password in
+// the user info or as ?password=), or key=value pairs, where spaces may
+// stand around the '=' and a value may be 'quoted' with \' and \\ escapes.
+// What it cannot read is hidden whole when it mentions a password.
+func Redact(conn string) string {
+	if strings.HasPrefix(conn, "postgres://") || strings.HasPrefix(conn, "postgresql://") {
+		return redactURL(conn)
+	}
+	out, ok := redactKeywords(conn)
+	if !ok {
+		if strings.Contains(strings.ToLower(conn), "password") {
+			return "(a connection string with a password)"
+		}
+		return conn
+	}
+	return out
+}
+
+func redactURL(conn string) string {
+	u, err := url.Parse(conn)
+	if err != nil {
+		// pgx cannot use it either; still never show what could be a
+		// password: drop the user info and the query.
+		rest := conn[strings.Index(conn, "://")+3:]
+		if at := strings.LastIndex(rest, "@"); at >= 0 {
+			rest = "xxxxx@" + rest[at+1:]
+		}
+		if q := strings.IndexByte(rest, '?'); q >= 0 {
+			rest = rest[:q] + "?xxxxx"
+		}
+		return conn[:strings.Index(conn, "://")+3] + rest
+	}
+	if u.User != nil {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+		}
+	}
+	if q, err := url.ParseQuery(u.RawQuery); err != nil {
+		if strings.Contains(strings.ToLower(u.RawQuery), "password") {
+			u.RawQuery = "xxxxx"
+		}
+	} else if q.Has("password") {
+		q.Set("password", "xxxxx")
+		u.RawQuery = q.Encode()
+	}
+	return u.String()
+}
+
+const kwSpace = " \t\n\r\v\f"
+
+// redactKeywords walks key=value pairs exactly as pgconn does and replaces
+// the value of every password key. ok is false when the string is not
+// one pgconn would parse.
+func redactKeywords(s string) (string, bool) {
+	var b strings.Builder
+	for len(strings.TrimLeft(s, kwSpace)) > 0 {
+		eq := strings.IndexByte(s, '=')
+		if eq < 0 {
+			return "", false
+		}
+		key := strings.Trim(s[:eq], kwSpace)
+		b.WriteString(s[:eq+1])
+		s = s[eq+1:]
+		rest := strings.TrimLeft(s, kwSpace)
+		b.WriteString(s[:len(s)-len(rest)])
+		s = rest
+		end := 0 // the value is s[:end]
+		if len(s) > 0 && s[0] == '\'' {
+			end = 1
+			for ; end < len(s) && s[end] != '\''; end++ {
+				if s[end] == '\\' {
+					end++
+				}
+			}
+			if end >= len(s) {
+				return "", false // unterminated quote
+			}
+			end++ // the closing quote
+		} else {
+			for ; end < len(s) && !strings.ContainsRune(kwSpace, rune(s[end])); end++ {
+				if s[end] == '\\' {
+					end++
+					if end == len(s) {
+						return "", false
+					}
+				}
+			}
+		}
+		if key == "password" {
+			b.WriteString("xxxxx")
+		} else {
+			b.WriteString(s[:end])
+		}
+		s = s[end:]
+	}
+	b.WriteString(s)
+	return b.String(), true
+}
