@@ -146,12 +146,12 @@ func contractErrnos(t *testing.T) map[string]string {
 	return rows
 }
 
-// testExpects reports whether a test function (or a helper one runs) of this package
+// testExpects reports whether a test function (or a helper or method one runs) of this package
 // exists and names errno in its body.
 func testExpects(t *testing.T, name, errno string) bool {
 	t.Helper()
 	files, _ := filepath.Glob("*_test.go")
-	start := regexp.MustCompile(`(?m)^func ` + name + `\(`)
+	start := regexp.MustCompile(`(?m)^func (\([^)]*\) )?` + name + `\(`)
 	for _, file := range files {
 		b, err := os.ReadFile(file)
 		if err != nil {
