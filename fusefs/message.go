@@ -23,6 +23,8 @@ type msgNode struct {
 	id    uint64 // reserved at create for files written through the mount
 	gen   uint64 // inode generation (placements.go)
 
+	lru lruLinks // place in the pruner's list (memory.go), under FS.lru.mu
+
 	mu   sync.Mutex
 	name string
 	pend *pending // nil once committed
@@ -312,4 +314,7 @@ func (n *msgNode) Release(ctx context.Context, fh fs.FileHandle) syscall.Errno {
 var _ = (fs.NodeOnForgetter)((*msgNode)(nil))
 
 // OnForget: the kernel dropped this inode.
-func (n *msgNode) OnForget() { n.fsys.placements.forgotten(n.id, n.gen) }
+func (n *msgNode) OnForget() {
+	n.fsys.untrack(n)
+	n.fsys.placements.forgotten(n.id, n.gen)
+}

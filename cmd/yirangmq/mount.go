@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -32,6 +33,8 @@ type mountFlags struct {
 	options                         []string
 	daemon, debug                   bool
 	entryTimeout                    time.Duration
+	memoryBudget                    string
+	maxMessageInodes                int
 	cpuProfile                      string
 }
 
@@ -51,6 +54,8 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	fl.StringVar(&f.logFile, "log-file", "", "append the log to this file instead of stderr (with --daemon: STORE/yirangmq.log by default)")
 	fl.BoolVar(&f.debug, "debug", false, "log every FUSE request")
 	fl.DurationVar(&f.entryTimeout, "cache-timeout", time.Second, "how long the kernel may cache names and attributes")
+	fl.StringVar(&f.memoryBudget, "memory-budget", "auto", "RSS at which the daemon sheds caches (70%) and refuses new messages with ENOSPC (90%): a size (48MiB), off, or auto (3/4 of the cgroup's memory limit; off without one)")
+	fl.IntVar(&f.maxMessageInodes, "max-message-inodes", fusefs.DefaultMaxMessageInodes, "message inodes the kernel may cache before it is asked to forget the least recently used (0: no limit)")
 	// For measuring the daemon: a CPU profile to FILE, and the
 	// allocations to FILE.allocs, written at unmount.
 	fl.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile to FILE (and allocations to FILE.allocs)")
@@ -88,6 +93,13 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	sync, err := queuecore.ParseSyncMode(f.sync)
 	if err != nil {
 		return err
+	}
+	budget, cgLimit, err := parseMemoryBudget(f.memoryBudget)
+	if err != nil {
+		return err
+	}
+	if f.maxMessageInodes < 0 {
+		return fmt.Errorf("--max-message-inodes %d: want 0 (no limit) or more", f.maxMessageInodes)
 	}
 	if f.daemon {
 		if f.logFile == "" {
@@ -140,6 +152,13 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	opts.EntryTimeout, opts.AttrTimeout = f.entryTimeout, f.entryTimeout
 	shown := displayStore(f.backend, f.store)
 	opts.FsName = shown
+	opts.MaxMessageInodes, opts.MemoryBudget = f.maxMessageInodes, budget
+	if budget > 0 {
+		// The Go heap is collected harder before the daemon nears the
+		// budget; the rest of it is SQLite's caches and the stacks.
+		debug.SetMemoryLimit(budget / 4 * 3)
+		log.Info("memory budget", "budget_mib", budget>>20, "cgroup_limit_mib", cgLimit>>20)
+	}
 	fsys := fusefs.New(opts)
 	core, err := queuecore.Open(ctx, store, queuecore.Options{
 		Logger: log, Backend: f.backend, StorePath: shown, Version: version,
