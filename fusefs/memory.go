@@ -1,6 +1,7 @@
 package fusefs
 
 import (
+	"fmt"
 	"os"
 	"runtime/debug"
 	"strconv"
@@ -311,4 +312,18 @@ type memState struct {
 	full     atomic.Bool  // at fullPct: new messages refused
 	refused  atomic.Int64 // creates refused since full
 	pruned   atomic.Int64 // inodes the kernel was asked to forget
+}
+
+// appendMemoryMetrics adds the daemon's memory figures to MOUNT/.metrics.
+func (f *FS) appendMemoryMetrics(b []byte) []byte {
+	full := 0
+	if f.full.Load() {
+		full = 1
+	}
+	b = fmt.Appendf(b, "# HELP yirangmq_message_inodes Message inodes the kernel holds (a node each in the daemon).\n# TYPE yirangmq_message_inodes gauge\nyirangmq_message_inodes %d\n", f.MessageInodes())
+	b = fmt.Appendf(b, "# HELP yirangmq_pruned_inodes_total Message inodes the kernel was asked to forget.\n# TYPE yirangmq_pruned_inodes_total counter\nyirangmq_pruned_inodes_total %d\n", f.pruned.Load())
+	b = fmt.Appendf(b, "# HELP yirangmq_rss_bytes Resident memory of the daemon.\n# TYPE yirangmq_rss_bytes gauge\nyirangmq_rss_bytes %d\n", readRSS())
+	b = fmt.Appendf(b, "# HELP yirangmq_memory_budget_bytes The memory budget (0: none).\n# TYPE yirangmq_memory_budget_bytes gauge\nyirangmq_memory_budget_bytes %d\n", f.opts.MemoryBudget)
+	b = fmt.Appendf(b, "# HELP yirangmq_memory_full 1 while new messages are refused for memory.\n# TYPE yirangmq_memory_full gauge\nyirangmq_memory_full %d\n", full)
+	return b
 }
