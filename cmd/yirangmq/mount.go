@@ -48,7 +48,7 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	fl.StringVar(&f.backend, "backend", "sqlite", "store backend: sqlite, fs or postgres")
 	fl.StringVar(&f.store, "store", defaultStore(), "store directory (created on first use), or with --backend postgres a connection URL")
 	fl.StringVar(&f.sync, "sync", "full", "durability: full (on disk at close), normal (survives a daemon crash) or off")
-	fl.StringSliceVarP(&f.options, "options", "o", nil, "mount options: allow_other, backend=, sync=, store= (others of mount(8) are accepted and ignored)")
+	fl.StringSliceVarP(&f.options, "options", "o", nil, "mount options: allow_other, backend=, sync=, store=, memory_budget=, max_message_inodes= (others of mount(8) are accepted and ignored)")
 	fl.BoolVar(&f.daemon, "daemon", false, "return once the mount is ready, leaving the daemon in the background")
 	fl.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fl.StringVar(&f.logFile, "log-file", "", "append the log to this file instead of stderr (with --daemon: STORE/yirangmq.log by default)")
@@ -83,6 +83,14 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 			f.sync = v
 		case "store":
 			f.store = v
+		case "memory_budget":
+			f.memoryBudget = v
+		case "max_message_inodes":
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return fmt.Errorf("mount option %q: want a number", o)
+			}
+			f.maxMessageInodes = n
 		case "", "rw", "defaults", "nofail", "auto", "noauto", "user", "users", "_netdev", "nodev", "nosuid", "noexec", "dev", "suid", "exec", "default_permissions":
 		default:
 			if !strings.HasPrefix(k, "x-") && !strings.HasPrefix(k, "comment") {
