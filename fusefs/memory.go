@@ -153,26 +153,33 @@ func (f *FS) prune(root *fs.Inode) {
 		case <-t.C:
 		case <-f.lru.kick:
 		}
-		limit := f.inodeLimit()
-		for round := 0; round < 64; round++ {
-			nodes := f.pruneCandidates(limit)
-			if len(nodes) == 0 {
-				break
-			}
-			errno := root.NotifyPrune(nodes)
-			f.pruned.Add(int64(len(nodes)))
-			if errno == syscall.ENOSYS {
-				f.log.Warn("the kernel cannot be asked to forget inodes (FUSE_NOTIFY_PRUNE needs Linux 6.18): the daemon's memory grows with the messages the kernel caches",
-					"max_message_inodes", f.opts.MaxMessageInodes)
-				return
-			}
-			if errno != 0 {
-				f.log.Debug("prune notification failed", "err", errno, "nodes", len(nodes))
-				break
-			}
+		nodes := f.pruneCandidates(f.inodeLimit())
+		if len(nodes) == 0 {
+			continue
+		}
+		errno := root.NotifyPrune(nodes)
+		f.pruned.Add(int64(len(nodes)))
+		if errno == syscall.ENOSYS {
+			f.log.Warn("the kernel cannot be asked to forget inodes (FUSE_NOTIFY_PRUNE needs Linux 6.18): the daemon's memory grows with the messages the kernel caches",
+				"max_message_inodes", f.opts.MaxMessageInodes)
+			return
+		}
+		if errno != 0 {
+			f.log.Debug("prune notification failed", "err", errno, "nodes", len(nodes))
+		}
+		// At most one notification per pruneGap: inodes the kernel keeps
+		// (open files) come round again, and must not cost a notification
+		// per message published.
+		select {
+		case <-f.done:
+			return
+		case <-time.After(pruneGap):
 		}
 	}
 }
+
+// pruneGap is the shortest time between two prune notifications.
+const pruneGap = 20 * time.Millisecond
 
 // pruneCandidates picks the least recently used message nodes past three
 // quarters of limit and moves them to the recently used end: a node the

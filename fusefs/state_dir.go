@@ -73,8 +73,9 @@ func (d *stateDir) messageInode(ctx context.Context, m queuecore.Message, out *f
 		}
 	}
 	n.gen = gen
+	in := d.NewInode(ctx, n, fs.StableAttr{Mode: syscall.S_IFREG, Ino: ino, Gen: gen})
 	d.fsys.track(n)
-	return d.NewInode(ctx, n, fs.StableAttr{Mode: syscall.S_IFREG, Ino: ino, Gen: gen})
+	return in
 }
 
 var _ = (fs.NodeReaddirer)((*stateDir)(nil))
