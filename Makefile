@@ -65,7 +65,7 @@ torture: build
 # The daemon in a 64 MiB memory cgroup (as root): 1,000,000 messages
 # published through the mount with no consumer, then drained, per local
 # store; prints the daemon's RSS at 0, 100k, 500k and 1M (docs/performance.md).
-# make test runs it with 25,000. MEM_MESSAGES and MEM_STORES change it.
+# make test runs it with 20,000. MEM_MESSAGES and MEM_STORES change it.
 MEM_MESSAGES ?= 1000000
 MEM_STORES   ?= sqlite,fs
 mem-bench: build
