@@ -43,9 +43,16 @@ type Options struct {
 	MaxDraftBytesPerUID int64
 	// DraftTTL is how long an uncommitted draft (.name in inbox/) is kept.
 	DraftTTL time.Duration
-	FsName   string // shown as the source in /proc/mounts
-	Logger   *slog.Logger
-	Debug    bool
+	// MaxMessageInodes is how many message inodes the kernel may keep
+	// (and the daemon a node for each) before it is asked to forget the
+	// least recently used ones (memory.go); 0 is no limit.
+	MaxMessageInodes int
+	// MemoryBudget, in bytes of RSS, is where the daemon sheds its caches
+	// (at 70%) and refuses new messages with ENOSPC (at 90%); 0 is none.
+	MemoryBudget int64
+	FsName       string // shown as the source in /proc/mounts
+	Logger       *slog.Logger
+	Debug        bool
 }
 
 // DefaultOptions are the options of `yirangmq mount` without flags.
@@ -60,6 +67,7 @@ func DefaultOptions() Options {
 		MaxDraftBytesPerUID:    64 << 20,
 		DraftTTL:               time.Hour,
 		FsName:                 "yirangmq",
+		MaxMessageInodes:       DefaultMaxMessageInodes,
 	}
 }
 
@@ -83,6 +91,8 @@ type FS struct {
 	placements placements // where the kernel last saw each message
 	successors successors // new messages that renames made of old inodes
 	leasers    leasers    // who leases: /proc read once per thread (proc.go)
+
+	memState // the bound on message inodes and the memory budget (memory.go)
 
 	started time.Time
 	done    chan struct{}
@@ -126,6 +136,7 @@ func New(opts Options) *FS {
 		done:    make(chan struct{}),
 		started: time.Now(),
 	}
+	f.lru.kick = make(chan struct{}, 1)
 	f.successors.ttl = 2*max(opts.EntryTimeout, opts.AttrTimeout) + time.Second
 	f.root = &rootNode{fsys: f}
 	return f
@@ -161,8 +172,13 @@ func (f *FS) Mount(core *queuecore.Core, mountpoint string) (*Server, error) {
 		UID:             f.uid,
 		GID:             f.gid,
 	}, func() {
-		f.wg.Add(1)
+		f.wg.Add(2)
 		go f.sweepDrafts()
+		go f.prune(&f.root.Inode)
+		if f.opts.MemoryBudget > 0 {
+			f.wg.Add(1)
+			go f.watchMemory()
+		}
 	})
 }
 

@@ -25,6 +25,8 @@ type msgNode struct {
 	id    uint64 // reserved at create for files written through the mount
 	gen   uint64 // inode generation (placements.go)
 
+	lru lruLinks // place in the pruner's list (memory.go), under FS.lru.mu
+
 	mu   sync.Mutex
 	name string
 	pend *pending // nil once committed
@@ -384,6 +386,7 @@ var _ = (fs.NodeOnForgetter)((*msgNode)(nil))
 
 // OnForget: the kernel dropped this inode.
 func (n *msgNode) OnForget() {
+	n.fsys.untrack(n)
 	n.fsys.placements.forgotten(n.id, n.gen)
 	n.mu.Lock()
 	if p := n.pend; p != nil && p.done {

@@ -22,9 +22,18 @@ import (
 // the kernel, with the same st_ino. A rename the kernel sent us keeps the
 // generation, so the usual publish → lease → ack path costs no extra
 // LOOKUP.
+//
+// Generations are never reused for a message: each new one is the next
+// value of a counter of the whole mount. The record of a message goes
+// when the kernel forgets the inode of its current generation, while the
+// kernel may still hold an older inode of it under another name (the
+// pruner makes this common, see memory.go); a generation counted again
+// from 0 would then be that older inode, and a lookup in the new place
+// would hand the kernel one inode under two names once more.
 type placements struct {
-	mu sync.Mutex
-	m  map[uint64]placement
+	mu   sync.Mutex
+	m    map[uint64]placement
+	last uint64 // the last generation given out (0 is a created file's)
 }
 
 type placement struct {
@@ -40,8 +49,9 @@ func (p *placements) lookedUp(id uint64, s queuecore.State) uint64 {
 		p.m = map[uint64]placement{}
 	}
 	pl, ok := p.m[id]
-	if ok && pl.state != s {
-		pl.gen++
+	if !ok || pl.state != s {
+		p.last++
+		pl.gen = p.last
 	}
 	pl.state = s
 	p.m[id] = pl

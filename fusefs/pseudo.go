@@ -85,7 +85,7 @@ func (n *statsNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint
 			return nil, 0, errnoOf(err)
 		}
 		if n.metrics {
-			data = Metrics(d)
+			data = n.fsys.appendMemoryMetrics(Metrics(d))
 		} else {
 			data, _ = json.MarshalIndent(d, "", "  ")
 			data = append(data, '\n')

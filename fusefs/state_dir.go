@@ -65,8 +65,17 @@ func (d *stateDir) messageInode(ctx context.Context, m queuecore.Message, out *f
 	// generation changes when the message is found somewhere the kernel
 	// did not put it (see placements.go).
 	gen := d.fsys.placements.lookedUp(m.ID, d.state)
+	ino := msgIno(m.ID)
+	if c := d.GetChild(m.Name); c != nil {
+		if old, ok := c.Operations().(*msgNode); ok && c.StableAttr().Ino == ino && old.gen == gen {
+			d.fsys.track(old) // the node the kernel had: recently used again
+			return c
+		}
+	}
 	n.gen = gen
-	return d.NewInode(ctx, n, fs.StableAttr{Mode: syscall.S_IFREG, Ino: msgIno(m.ID), Gen: gen})
+	in := d.NewInode(ctx, n, fs.StableAttr{Mode: syscall.S_IFREG, Ino: ino, Gen: gen})
+	d.fsys.track(n)
+	return in
 }
 
 var _ = (fs.NodeReaddirer)((*stateDir)(nil))
@@ -112,6 +121,9 @@ func (d *stateDir) Create(ctx context.Context, name string, flags uint32, mode u
 			return nil, nil, 0, errnoOf(err)
 		}
 	}
+	if d.fsys.memoryFull() {
+		return nil, nil, 0, syscall.ENOSPC // logged when the daemon reached its memory budget (memory.go)
+	}
 	policy, err := d.fsys.core.Policy(d.queue)
 	if err != nil {
 		return nil, nil, 0, errnoOf(err)
@@ -135,6 +147,7 @@ func (d *stateDir) Create(ctx context.Context, name string, flags uint32, mode u
 	d.fsys.mu.Unlock()
 	n.fillAttr(ctx, &out.Attr)
 	ino := d.NewInode(ctx, n, fs.StableAttr{Mode: syscall.S_IFREG, Ino: msgIno(n.id)})
+	d.fsys.track(n)
 	return ino, &writeHandle{}, fuse.FOPEN_DIRECT_IO, 0
 }
 

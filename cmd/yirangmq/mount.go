@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -34,6 +35,8 @@ type mountFlags struct {
 	options                         []string
 	daemon, debug                   bool
 	entryTimeout                    time.Duration
+	memoryBudget                    string
+	maxMessageInodes                int
 	cpuProfile                      string
 	// limits for several users on one mount (docs/multiuser.md)
 	nextReaders, nextReadersPerUID, nextReadersPerQueue int
@@ -50,7 +53,7 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	fl.StringVar(&f.backend, "backend", "sqlite", "store backend: sqlite, fs or postgres")
 	fl.StringVar(&f.store, "store", defaultStore(), "store directory (created on first use), or with --backend postgres a connection URL")
 	fl.StringVar(&f.sync, "sync", "full", "durability: full (on disk at close), normal (survives a daemon crash) or off")
-	fl.StringSliceVarP(&f.options, "options", "o", nil, "mount options: allow_other, backend=, sync=, store=, min_free= (others of mount(8) are accepted and ignored)")
+	fl.StringSliceVarP(&f.options, "options", "o", nil, "mount options: allow_other, backend=, sync=, store=, min_free=, memory_budget=, max_message_inodes= (others of mount(8) are accepted and ignored)")
 	fl.BoolVar(&f.daemon, "daemon", false, "return once the mount is ready, leaving the daemon in the background")
 	fl.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fl.StringVar(&f.logFile, "log-file", "", "append the log to this file instead of stderr (with --daemon: STORE/yirangmq.log by default)")
@@ -64,6 +67,8 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	fl.IntVar(&f.nextReadersPerQueue, "max-next-readers-per-queue", lim.MaxNextReadersPerQueue, "blocked .next reads at once per queue")
 	fl.Int64Var(&f.draftMiB, "max-draft-mib", lim.MaxDraftBytes>>20, "MiB held for files not committed yet, in all (past it a write fails with EDQUOT)")
 	fl.Int64Var(&f.draftMiBPerUID, "max-draft-mib-per-uid", lim.MaxDraftBytesPerUID>>20, "MiB held for files not committed yet, per writer uid")
+	fl.StringVar(&f.memoryBudget, "memory-budget", "auto", "RSS at which the daemon sheds caches (70%) and refuses new messages with ENOSPC (90%): a size (48MiB), off, or auto (3/4 of the cgroup's memory limit; off without one)")
+	fl.IntVar(&f.maxMessageInodes, "max-message-inodes", fusefs.DefaultMaxMessageInodes, "message inodes the kernel may cache before it is asked to forget the least recently used (0: no limit)")
 	// For measuring the daemon: a CPU profile to FILE, and the
 	// allocations to FILE.allocs, written at unmount.
 	fl.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile to FILE (and allocations to FILE.allocs)")
@@ -93,6 +98,14 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 			f.store = v
 		case "min_free":
 			f.minFree = v
+		case "memory_budget":
+			f.memoryBudget = v
+		case "max_message_inodes":
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return fmt.Errorf("mount option %q: want a number", o)
+			}
+			f.maxMessageInodes = n
 		case "", "rw", "defaults", "nofail", "auto", "noauto", "user", "users", "_netdev", "nodev", "nosuid", "noexec", "dev", "suid", "exec", "default_permissions":
 		default:
 			if !strings.HasPrefix(k, "x-") && !strings.HasPrefix(k, "comment") {
@@ -111,6 +124,13 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	logMax, err := parseSize(f.logMaxSize)
 	if err != nil {
 		return fmt.Errorf("--log-max-size: %w", err)
+	}
+	budget, cgLimit, err := parseMemoryBudget(f.memoryBudget)
+	if err != nil {
+		return err
+	}
+	if f.maxMessageInodes < 0 {
+		return fmt.Errorf("--max-message-inodes %d: want 0 (no limit) or more", f.maxMessageInodes)
 	}
 	if f.daemon {
 		if f.logFile == "" {
@@ -165,6 +185,13 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	opts.MaxDraftBytes, opts.MaxDraftBytesPerUID = f.draftMiB<<20, f.draftMiBPerUID<<20
 	shown := displayStore(f.backend, f.store)
 	opts.FsName = shown
+	opts.MaxMessageInodes, opts.MemoryBudget = f.maxMessageInodes, budget
+	if budget > 0 {
+		// The Go heap is collected harder before the daemon nears the
+		// budget; the rest of it is SQLite's caches and the stacks.
+		debug.SetMemoryLimit(budget / 4 * 3)
+		log.Info("memory budget", "budget_mib", budget>>20, "cgroup_limit_mib", cgLimit>>20)
+	}
 	fsys := fusefs.New(opts)
 	spaceDir := f.store
 	if f.backend == "postgres" {

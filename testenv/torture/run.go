@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -52,11 +53,18 @@ type Options struct {
 	// (every daemon counts as down meanwhile).
 	RestartStore func() error
 	DBRestarts   int
+	// MaxMessageInodes is the daemons' --max-message-inodes (default 32):
+	// small, so that the pruner asks the kernel to forget inodes all the
+	// time and is killed in the middle of it too.
+	MaxMessageInodes int
 }
 
 func (o *Options) defaults() {
 	if o.Backend == "" {
 		o.Backend = "sqlite"
+	}
+	if o.MaxMessageInodes <= 0 {
+		o.MaxMessageInodes = 32
 	}
 	if o.Sync == "" {
 		o.Sync = "full"
@@ -170,7 +178,8 @@ func Run(t *testing.T, opts Options) *Result {
 		opts.Backend, opts.Sync, opts.Kills, opts.Producers, opts.Consumers, opts.Seed)
 	daemons := make([]*testenv.Daemon, opts.Daemons)
 	for i := range daemons {
-		daemons[i] = testenv.StartDaemon(t, testenv.DaemonOptions{Backend: opts.Backend, Sync: opts.Sync, Store: opts.Store})
+		daemons[i] = testenv.StartDaemon(t, testenv.DaemonOptions{Backend: opts.Backend, Sync: opts.Sync, Store: opts.Store,
+			Args: []string{"--max-message-inodes", strconv.Itoa(opts.MaxMessageInodes)}})
 	}
 	d := daemons[0]
 	qdir := d.Path(QueueName)

@@ -1,0 +1,336 @@
+package fusefs
+
+import (
+	"fmt"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+)
+
+// The kernel keeps an inode (and its dentry) for every message it has
+// seen, until its own memory runs short; go-fuse keeps a node for each
+// inode the kernel holds, so the daemon's memory grew with every message
+// published through the mount and still waiting, about 1.7 KB each (see
+// docs/performance.md). Two things bound it:
+//
+//   - the pruner: past Options.MaxMessageInodes message nodes, it asks the
+//     kernel to forget the least recently used ones (FUSE_NOTIFY_PRUNE,
+//     Linux 6.18); the kernel drops those nobody uses and sends FORGET,
+//     and go-fuse frees the node. Why this notification cannot wedge a
+//     killed daemon the way entry invalidations did: docs/fusefs.md.
+//   - the memory budget (Options.MemoryBudget): near it the daemon sheds
+//     what it caches and prunes harder; at it, it refuses new messages
+//     with ENOSPC until it is back under.
+
+// DefaultMaxMessageInodes is how many message inodes the kernel may keep
+// before the pruner asks it to forget some.
+const DefaultMaxMessageInodes = 1024
+
+// Memory levels, as fractions of the budget, in percent: at shedPct the
+// daemon sheds its caches and prunes down to a small set of inodes; at
+// fullPct it refuses new messages, until it is back under resumePct.
+const (
+	shedPct   = 70
+	fullPct   = 90
+	resumePct = 80
+	calmPct   = 60
+)
+
+// nodeLRU lists the message nodes the kernel may hold, least recently
+// used first. The links live in the nodes (msgNode.lru), two pointers each.
+type nodeLRU struct {
+	mu         sync.Mutex
+	head, tail *msgNode
+	n          int
+	kick       chan struct{} // wakes the pruner when n passes the limit
+}
+
+// lruLinks are a message node's place in nodeLRU.
+type lruLinks struct {
+	prev, next *msgNode
+	in         bool
+	stale      bool // found forgotten by go-fuse once: dropped the next time
+}
+
+// track puts n at the most recently used end.
+func (f *FS) track(n *msgNode) {
+	l := &f.lru
+	l.mu.Lock()
+	if n.lru.in {
+		l.unlinkLocked(n)
+	}
+	l.pushLocked(n)
+	over := l.n > f.inodeLimit()
+	l.mu.Unlock()
+	if over {
+		select {
+		case l.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// untrack drops n (the kernel forgot it).
+func (f *FS) untrack(n *msgNode) {
+	l := &f.lru
+	l.mu.Lock()
+	if n.lru.in {
+		l.unlinkLocked(n)
+	}
+	l.mu.Unlock()
+}
+
+func (l *nodeLRU) pushLocked(n *msgNode) {
+	n.lru.prev, n.lru.next, n.lru.in, n.lru.stale = l.tail, nil, true, false
+	if l.tail != nil {
+		l.tail.lru.next = n
+	} else {
+		l.head = n
+	}
+	l.tail = n
+	l.n++
+}
+
+func (l *nodeLRU) unlinkLocked(n *msgNode) {
+	if n.lru.prev != nil {
+		n.lru.prev.lru.next = n.lru.next
+	} else {
+		l.head = n.lru.next
+	}
+	if n.lru.next != nil {
+		n.lru.next.lru.prev = n.lru.prev
+	} else {
+		l.tail = n.lru.prev
+	}
+	n.lru = lruLinks{}
+	l.n--
+}
+
+// MessageInodes is how many message nodes the daemon holds for the kernel.
+func (f *FS) MessageInodes() int {
+	f.lru.mu.Lock()
+	defer f.lru.mu.Unlock()
+	return f.lru.n
+}
+
+// inodeLimit is the pruner's limit: Options.MaxMessageInodes, an eighth of
+// it under memory pressure.
+func (f *FS) inodeLimit() int {
+	limit := f.opts.MaxMessageInodes
+	if limit <= 0 {
+		return int(^uint(0) >> 1) // no limit
+	}
+	if f.pressure.Load() {
+		limit = max(limit/8, 64)
+	}
+	return limit
+}
+
+// pruneBatch bounds one notification (the kernel reads 512 ids at a time).
+const pruneBatch = 2048
+
+// prune runs until Stop: when more message nodes than the limit are
+// held, it asks the kernel to forget the least recently used ones, down
+// to three quarters of the limit.
+//
+// It runs in a goroutine of its own and holds no lock of the daemon while
+// it writes the notification, so no FUSE request ever waits for it.
+func (f *FS) prune(root *fs.Inode) {
+	defer f.wg.Done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-f.done:
+			return
+		case <-t.C:
+		case <-f.lru.kick:
+		}
+		nodes := f.pruneCandidates(f.inodeLimit())
+		if len(nodes) == 0 {
+			continue
+		}
+		errno := root.NotifyPrune(nodes)
+		f.pruned.Add(int64(len(nodes)))
+		if errno == syscall.ENOSYS {
+			f.log.Warn("the kernel cannot be asked to forget inodes (FUSE_NOTIFY_PRUNE needs Linux 6.18): the daemon's memory grows with the messages the kernel caches",
+				"max_message_inodes", f.opts.MaxMessageInodes)
+			return
+		}
+		if errno != 0 {
+			f.log.Debug("prune notification failed", "err", errno, "nodes", len(nodes))
+		}
+		// At most one notification per pruneGap: inodes the kernel keeps
+		// (open files) come round again, and must not cost a notification
+		// per message published.
+		select {
+		case <-f.done:
+			return
+		case <-time.After(pruneGap):
+		}
+	}
+}
+
+// pruneGap is the shortest time between two prune notifications.
+const pruneGap = 20 * time.Millisecond
+
+// pruneCandidates picks the least recently used message nodes past three
+// quarters of limit and moves them to the recently used end: a node the
+// kernel keeps because it is in use (an open file) is asked about again
+// only after the others. Files being written are skipped, and nodes
+// go-fuse has dropped without a FORGET are taken off the list.
+func (f *FS) pruneCandidates(limit int) []*fs.Inode {
+	l := &f.lru
+	l.mu.Lock()
+	if l.n <= limit {
+		l.mu.Unlock()
+		return nil
+	}
+	want := min(l.n-limit*3/4, pruneBatch)
+	picked := make([]*msgNode, 0, want)
+	for i := 0; i < want && l.head != nil; i++ {
+		n := l.head
+		stale := n.lru.stale
+		l.unlinkLocked(n)
+		if stale {
+			continue // forgotten by go-fuse without a FORGET (see below)
+		}
+		l.pushLocked(n)
+		picked = append(picked, n)
+	}
+	l.mu.Unlock()
+	nodes := make([]*fs.Inode, 0, len(picked))
+	for _, n := range picked {
+		n.mu.Lock()
+		writing := n.pend != nil
+		n.mu.Unlock()
+		if writing {
+			continue
+		}
+		// A node made for a LOOKUP that go-fuse answered with an inode it
+		// already had never reaches the kernel and never gets a FORGET.
+		// Forgotten is also true for a moment before a new node joins the
+		// tree, so a node is dropped only when found so twice.
+		if n.Inode.Forgotten() {
+			l.mu.Lock()
+			if n.lru.in {
+				n.lru.stale = true
+			}
+			l.mu.Unlock()
+			continue
+		}
+		nodes = append(nodes, &n.Inode)
+	}
+	return nodes
+}
+
+// watchMemory runs until Stop when a budget is set: it reads the daemon's
+// RSS twice a second and moves between the levels (see shedPct).
+func (f *FS) watchMemory() {
+	defer f.wg.Done()
+	budget := f.opts.MemoryBudget
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	var lastFree time.Time
+	for {
+		select {
+		case <-f.done:
+			return
+		case <-t.C:
+		}
+		rss := readRSS()
+		if rss <= 0 {
+			continue
+		}
+		pct := rss * 100 / budget
+		switch {
+		case pct >= shedPct && !f.pressure.Load():
+			f.pressure.Store(true)
+			f.log.Warn("memory near the budget: shedding caches and pruning inodes harder",
+				"rss_mib", rss>>20, "budget_mib", budget>>20)
+			select {
+			case f.lru.kick <- struct{}{}:
+			default:
+			}
+		case pct < calmPct && f.pressure.Load():
+			f.pressure.Store(false)
+			f.log.Info("memory back under the budget's lower mark", "rss_mib", rss>>20, "budget_mib", budget>>20)
+		}
+		if f.pressure.Load() && time.Since(lastFree) > 5*time.Second {
+			lastFree = time.Now()
+			if f.core != nil {
+				f.core.ShedCaches()
+			}
+			debug.FreeOSMemory()
+			rss = readRSS()
+			pct = rss * 100 / budget
+		}
+		switch {
+		case pct >= fullPct && !f.full.Load():
+			f.full.Store(true)
+			f.refused.Store(0)
+			f.log.Error("memory at the budget: new messages are refused with ENOSPC until it is back under",
+				"rss_mib", rss>>20, "budget_mib", budget>>20)
+		case pct < resumePct && f.full.Load():
+			f.full.Store(false)
+			f.log.Warn("memory back under the budget: new messages are accepted again",
+				"rss_mib", rss>>20, "budget_mib", budget>>20, "refused", f.refused.Load())
+		}
+	}
+}
+
+// memoryFull says whether a new message must be refused (ENOSPC).
+func (f *FS) memoryFull() bool {
+	if f.full.Load() {
+		f.refused.Add(1)
+		return true
+	}
+	return false
+}
+
+// readRSS returns the resident set size of this process in bytes, or 0.
+func readRSS() int64 {
+	b, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		return 0
+	}
+	fields := strings.Fields(string(b))
+	if len(fields) < 2 {
+		return 0
+	}
+	pages, err := strconv.ParseInt(fields[1], 10, 64)
+	if err != nil {
+		return 0
+	}
+	return pages * int64(os.Getpagesize())
+}
+
+// memState is the FS's part of the above.
+type memState struct {
+	lru      nodeLRU
+	pressure atomic.Bool  // at shedPct: caches shed, inodes pruned harder
+	full     atomic.Bool  // at fullPct: new messages refused
+	refused  atomic.Int64 // creates refused since full
+	pruned   atomic.Int64 // inodes the kernel was asked to forget
+}
+
+// appendMemoryMetrics adds the daemon's memory figures to MOUNT/.metrics.
+func (f *FS) appendMemoryMetrics(b []byte) []byte {
+	full := 0
+	if f.full.Load() {
+		full = 1
+	}
+	b = fmt.Appendf(b, "# HELP yirangmq_message_inodes Message inodes the kernel holds (a node each in the daemon).\n# TYPE yirangmq_message_inodes gauge\nyirangmq_message_inodes %d\n", f.MessageInodes())
+	b = fmt.Appendf(b, "# HELP yirangmq_pruned_inodes_total Message inodes the kernel was asked to forget.\n# TYPE yirangmq_pruned_inodes_total counter\nyirangmq_pruned_inodes_total %d\n", f.pruned.Load())
+	b = fmt.Appendf(b, "# HELP yirangmq_rss_bytes Resident memory of the daemon.\n# TYPE yirangmq_rss_bytes gauge\nyirangmq_rss_bytes %d\n", readRSS())
+	b = fmt.Appendf(b, "# HELP yirangmq_memory_budget_bytes The memory budget (0: none).\n# TYPE yirangmq_memory_budget_bytes gauge\nyirangmq_memory_budget_bytes %d\n", f.opts.MemoryBudget)
+	b = fmt.Appendf(b, "# HELP yirangmq_memory_full 1 while new messages are refused for memory.\n# TYPE yirangmq_memory_full gauge\nyirangmq_memory_full %d\n", full)
+	return b
+}

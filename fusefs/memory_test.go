@@ -1,0 +1,158 @@
+package fusefs_test
+
+import (
+	"bufio"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"yirangmq/testenv"
+)
+
+// metric reads one value of MOUNT/.metrics.
+func metric(t *testing.T, d *testenv.Daemon, name string) int64 {
+	t.Helper()
+	f, err := os.Open(d.Path(".metrics"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+			n, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			return int64(n)
+		}
+	}
+	t.Fatalf("no %s in .metrics", name)
+	return 0
+}
+
+// The kernel keeps an inode for every message it has seen; past
+// --max-message-inodes the daemon asks it to forget the least recently
+// used ones, and everything still works through the names.
+func TestPrunerBoundsMessageInodes(t *testing.T) {
+	const n, limit = 1500, 64
+	eachBackend(t, testenv.DaemonOptions{Sync: "normal", Args: []string{"--max-message-inodes", strconv.Itoa(limit)}}, func(t *testing.T, d *testenv.Daemon) {
+		q := mkq(t, d, "q", "")
+		// Publish with the shell, then read every message back (a LOOKUP
+		// and an open of each, after the publish's inodes were pruned).
+		got := testenv.MustSh(t, q, `i=0; while [ $i -lt `+strconv.Itoa(n)+` ]; do i=$((i+1)); echo "body $i" > inbox/m$i; done; cat inbox/* | wc -l`)
+		if strings.TrimSpace(got) != strconv.Itoa(n) {
+			t.Fatalf("cat inbox/* | wc -l = %q, want %d", got, n)
+		}
+		waitInodes(t, d, limit)
+		if p := metric(t, d, "yirangmq_pruned_inodes_total"); p < n-limit {
+			t.Errorf("pruned %d inodes, want at least %d", p, n-limit)
+		}
+		// Every message once more: stat, lease, read, ack.
+		testenv.MustSh(t, q, `for f in inbox/*; do test -s "$f" && mv "$f" processing/ || exit 1; done; cat processing/* | wc -l > /dev/null && rm processing/*`)
+		if r := stat(t, q, "ready"); r != 0 {
+			t.Errorf("ready = %v after the drain, want 0", r)
+		}
+		if a := stat(t, q, "archived"); int(a) != n {
+			t.Errorf("archived = %v, want %d", a, n)
+		}
+		waitInodes(t, d, limit)
+	})
+}
+
+// Without a limit the kernel keeps them all, and the daemon a node for
+// each: what the pruner is for (and a check that the gauge counts).
+func TestNoPrunerKeepsMessageInodes(t *testing.T) {
+	const n = 800
+	d := testenv.StartDaemon(t, testenv.DaemonOptions{Sync: "normal", Args: []string{"--max-message-inodes", "0"}})
+	q := mkq(t, d, "q", "")
+	testenv.MustSh(t, q, `i=0; while [ $i -lt `+strconv.Itoa(n)+` ]; do i=$((i+1)); echo "body $i" > inbox/m$i; done; cat inbox/* > /dev/null`)
+	time.Sleep(1500 * time.Millisecond) // a pruner would have run by now
+	if got := metric(t, d, "yirangmq_message_inodes"); got < n {
+		t.Errorf("yirangmq_message_inodes = %d with no limit, want at least %d", got, n)
+	}
+}
+
+func waitInodes(t *testing.T, d *testenv.Daemon, limit int64) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		got := metric(t, d, "yirangmq_message_inodes")
+		if got <= limit {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("yirangmq_message_inodes = %d after 15 s, limit %d", got, limit)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// At its memory budget the daemon refuses new messages with ENOSPC (one
+// log line), leaves nothing of them behind, and keeps serving the rest.
+func TestMemoryBudgetRefusesNewMessages(t *testing.T) {
+	// 16 MiB: less than the daemon needs to start, so it is over at once.
+	d := testenv.StartDaemon(t, testenv.DaemonOptions{Args: []string{"--memory-budget", "16MiB"}})
+	q := mkq(t, d, "q", "")
+	deadline := time.Now().Add(10 * time.Second)
+	var err error
+	for i := 0; ; i++ {
+		err = os.WriteFile(filepath.Join(q, "inbox", "m"+strconv.Itoa(i)), []byte("x\n"), 0o644)
+		if err != nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond) // the watcher looks twice a second
+	}
+	if !isErrno(err, syscall.ENOSPC) {
+		t.Fatalf("publish at the budget: %v, want ENOSPC", err)
+	}
+	ready := stat(t, q, "ready")
+	for i := 0; i < 3; i++ {
+		err := os.WriteFile(filepath.Join(q, "inbox", "late"+strconv.Itoa(i)), []byte("x\n"), 0o644)
+		if !isErrno(err, syscall.ENOSPC) {
+			t.Errorf("publish %d at the budget: %v, want ENOSPC", i, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(q, "inbox", "late0")); !os.IsNotExist(err) {
+		t.Errorf("a refused message is visible: stat: %v", err)
+	}
+	if got := stat(t, q, "ready"); got != ready {
+		t.Errorf("ready went from %v to %v with every publish refused", ready, got)
+	}
+	if metric(t, d, "yirangmq_memory_full") != 1 {
+		t.Error("yirangmq_memory_full is not 1")
+	}
+	// Reading and consuming still work.
+	names := ls(t, filepath.Join(q, "inbox"))
+	for _, name := range names {
+		if err := os.Rename(filepath.Join(q, "inbox", name), filepath.Join(q, "processing", name)); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Remove(filepath.Join(q, "processing", name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := strings.Count(d.Log(), "new messages are refused with ENOSPC"); n != 1 {
+		t.Errorf("%d log lines about the refusal, want 1:\n%s", n, d.Log())
+	}
+}
+
+func isErrno(err error, want syscall.Errno) bool {
+	var e syscall.Errno
+	for err != nil {
+		if x, ok := err.(syscall.Errno); ok {
+			e = x
+			break
+		}
+		u, ok := err.(interface{ Unwrap() error })
+		if !ok {
+			break
+		}
+		err = u.Unwrap()
+	}
+	return e == want
+}
