@@ -50,7 +50,35 @@ cleanup() {
 }
 trap cleanup EXIT
 
-mem() { awk '/^VmRSS|^VmHWM/ {printf "%s %.1f MiB  ", $1, $2/1024}' "/proc/$pid/status"; }
+# mem ARCH: VmRSS and VmHWM of the process; under qemu also "guest", the
+# resident pages of the emulated program's own mappings (what a board
+# would count, near enough): the 4 GiB window of a 32-bit guest, or for
+# arm64 (guest addresses are host addresses) every mapping below qemu's
+# binary. The rest is qemu: its heap, translation cache and libraries.
+mem() {
+	awk '/^VmRSS|^VmHWM/ {printf "%s %.1f MiB  ", $1, $2/1024}' "/proc/$pid/status"
+	[ "$1" = amd64 ] && return 0
+	python3 - "$pid" "$1" "$REL/yirangmq-linux-$1" <<'PY'
+import sys
+pid, arch, binary = sys.argv[1], sys.argv[2], sys.argv[3]
+maps, cur = [], None
+for line in open(f"/proc/{pid}/smaps"):
+    f = line.split()
+    if "-" in f[0] and len(f) >= 5 and ":" not in f[0]:
+        lo, hi = (int(x, 16) for x in f[0].split("-"))
+        cur = [lo, f[5] if len(f) > 5 else "", 0]
+        maps.append(cur)
+    elif f[0] == "Rss:":
+        cur[2] = int(f[1])
+if arch == "armv7":
+    base = min(m[0] for m in maps if m[1] == binary) - 0x10000  # Go's arm text starts at 0x10000
+    guest = sum(m[2] for m in maps if base <= m[0] < base + (1 << 32))
+else:
+    qemu = min(m[0] for m in maps if "/qemu-" in m[1])
+    guest = sum(m[2] for m in maps if m[0] < qemu)
+print(f"guest {guest / 1024:.1f} MiB", end="")
+PY
+}
 
 echo "== size (stripped, static)"
 for a in $ARCHES; do
@@ -75,7 +103,7 @@ for a in $ARCHES; do
 	rm -rf "$WORK/idle" && start "$a" "$WORK/idle" "$WORK/mnt"
 	mkdir "$WORK/mnt/q" && cat "$WORK/mnt/q/.stats" >/dev/null
 	sleep 2
-	printf '%-6s idle:        %s\n' "$a" "$(mem)"
+	printf '%-6s idle:        %s\n' "$a" "$(mem "$a")"
 	stop
 	rm -rf "$WORK/copy" && cp -a "$WORK/full" "$WORK/copy"
 	start "$a" "$WORK/copy" "$WORK/mnt"
@@ -86,6 +114,6 @@ for a in $ARCHES; do
 	done
 	ready=$(sed -n 's/.*"ready": *\([0-9]*\).*/\1/p' "$WORK/mnt/q/.stats" | head -1)
 	sleep 2
-	printf '%-6s %s ready: %s\n' "$a" "$ready" "$(mem)"
+	printf '%-6s %s ready: %s\n' "$a" "$ready" "$(mem "$a")"
 	stop
 done
