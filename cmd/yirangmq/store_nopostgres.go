@@ -11,7 +11,7 @@ import (
 )
 
 // withPostgres is false in a binary built with -tags nopostgres: the
-// postgres store and its driver (pgx) are left out, 3-4 MB of an ARM
+// postgres store and its driver (pgx) are left out, 6 MB of an ARM
 // binary (docs/backends.md).
 const withPostgres = false
 
