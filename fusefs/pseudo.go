@@ -148,7 +148,7 @@ func (n *policyNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.Set
 
 // truncate shortens the document to size bytes; a larger size changes
 // nothing. size is compared as a uint64: int(size) wraps on a 32-bit
-// machine (truncate -s 4294967297 became 1) and the slice would panic.
+// machine (truncate -s 4294967297 became 1) and the slice panicked: EIO.
 func (w *policyWriter) truncate(size uint64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()

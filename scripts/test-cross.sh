@@ -11,6 +11,9 @@
 # CROSS_ARCHES="arm64 armv7" (default), CROSS_PKGS (default below),
 # CROSS_RUN / CROSS_SKIP: -test.run / -test.skip patterns,
 # CROSS_TIMEOUT: per package (default 30m).
+# CROSS_MOUNT=1: also the FUSE tests of ./fusefs (the amd64 test binary;
+# CROSS_MOUNT_RUN selects them) against the ARM daemon of make release
+# (bin/release/yirangmq-linux-ARCH) serving its mount under qemu-user.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export GOWORK=off CGO_ENABLED=1
@@ -56,6 +59,26 @@ for arch in $ARCHES; do
 		end=$(date +%s)
 		printf 'test-cross: %s %s %s (build %ds, run %ds)\n' "$res" "$arch" "$pkg" $((built - start)) $((end - built))
 	done
+	if [ "${CROSS_MOUNT:-0}" = 1 ]; then
+		daemon=$PWD/bin/release/yirangmq-linux-$arch
+		[ -x "$daemon" ] || { echo "test-cross: no $daemon: run make release first" >&2; exit 1; }
+		# The daemon's pid is qemu's: exec, so that the tests' kills reach it.
+		wrapper=$OUT/$arch/yirangmq-under-qemu
+		printf '#!/bin/sh\nexec %s %s "$@"\n' "${qemu[*]}" "$daemon" > "$wrapper"
+		chmod +x "$wrapper"
+		start=$(date +%s)
+		[ -x "$OUT/amd64/fusefs.test" ] && [ -z "$(find fusefs testenv -name '*.go' -newer "$OUT/amd64/fusefs.test")" ] ||
+			{ mkdir -p "$OUT/amd64" && go test -c -o "$OUT/amd64/fusefs.test" ./fusefs; }
+		built=$(date +%s)
+		if (cd fusefs && YIRANGMQ_BIN=$wrapper "$OUT/amd64/fusefs.test" -test.run="${CROSS_MOUNT_RUN:-.}" \
+			-test.timeout="$TIMEOUT" -test.count=1 2>&1 | sed "s|^|$arch mount: |"; exit "${PIPESTATUS[0]}"); then
+			res=ok
+		else
+			res=FAIL; failed+=("$arch ./fusefs through the mount")
+		fi
+		end=$(date +%s)
+		printf 'test-cross: %s %s ./fusefs through the mount of the %s daemon under qemu (build %ds, run %ds)\n' "$res" "$arch" "$arch" $((built - start)) $((end - built))
+	fi
 done
 if [ ${#failed[@]} -gt 0 ]; then
 	printf 'test-cross: FAILED: %s\n' "${failed[@]}" >&2
