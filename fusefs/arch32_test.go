@@ -54,7 +54,7 @@ func TestInodesFit32Bits(t *testing.T) {
 
 // TestPolicyTruncatePast32Bits: ftruncate of a .policy being written to a
 // size past 2^32 keeps the document (it only ever shortens it). int(size)
-// wrapped to 1 on armv7 and the slice that followed panicked the daemon.
+// wrapped to 1 on armv7 and the slice that followed panicked (EIO to the caller).
 func TestPolicyTruncatePast32Bits(t *testing.T) {
 	doc := `{"visibilityTimeoutSec": 60}`
 	w := &policyWriter{buf: []byte(doc)}
