@@ -60,9 +60,10 @@ release-%:
 
 # The queue core's and the local stores' tests (conformance suite and crash
 # test included), built for arm64 and armv7 and run under qemu-user
-# (scripts/test-cross.sh; about 20-30 minutes on a loaded 2-core machine,
-# so not part of make test). CROSS_ARCHES=arm64 for one, CROSS_RUN to
-# select tests.
+# (scripts/test-cross.sh; 5-9 minutes per architecture on a loaded 2-core
+# machine, most of it building, so not part of make test). CROSS_ARCHES=arm64
+# for one, CROSS_RUN to select tests, CROSS_MOUNT=1 to add the FUSE tests
+# against the ARM daemons of make release serving under qemu.
 test-cross:
 	scripts/test-cross.sh
 
