@@ -174,3 +174,17 @@ func TestNoUnalignedAtomics(t *testing.T) {
 		t.Fatalf("only %d Go files under ..: not the module's root?", files)
 	}
 }
+
+// TestEnvelopeNumbersPast32Bits: an envelope's priority or delay that
+// would wrap in 32 bits (2^32+5 → 5) is refused, never taken as small.
+func TestEnvelopeNumbersPast32Bits(t *testing.T) {
+	for _, attr := range []string{`"priority": 4294967301`, `"priority": -4294967301`, `"priority": 9223372036854775813`, `"delaySec": 4294967301`, `"delaySec": 1e300`} {
+		body := `{"messageId": "m1", "attributes": {` + attr + `}, "payload": {}}`
+		if env, err := queuecore.ParseEnvelope([]byte(body), "q"); err == nil {
+			t.Errorf("ParseEnvelope with %s = %+v, want an error", attr, env.Attributes)
+		}
+	}
+	if _, err := queuecore.ParseEnvelope([]byte(`{"messageId": "m1", "attributes": {"priority": 5, "delaySec": 5}, "payload": {}}`), "q"); err != nil {
+		t.Fatalf("small numbers: %v", err)
+	}
+}
