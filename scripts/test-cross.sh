@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 export GOWORK=off CGO_ENABLED=1
 
 ARCHES=${CROSS_ARCHES:-arm64 armv7}
-PKGS=${CROSS_PKGS:-./queuecore ./backends/backendtest ./backends/fs ./backends/sqlite}
+PKGS=${CROSS_PKGS:-./queuecore ./backends/backendtest ./backends/fs ./backends/sqlite ./fusefs}
 RUN=${CROSS_RUN:-.}
 SKIP=${CROSS_SKIP:-/postgres}
 TIMEOUT=${CROSS_TIMEOUT:-30m}
@@ -49,8 +49,12 @@ for arch in $ARCHES; do
 		built=$(date +%s)
 		# A test that runs its own binary again (the crash test's child)
 		# starts it through the same emulator (testenv.SelfCommand).
+		run=$RUN
+		# fusefs's other tests mount a daemon: here only its unit tests of
+		# 32-bit limits (CROSS_MOUNT=1 runs the rest against the ARM daemon).
+		if [ "$pkg" = ./fusefs ] && [ -z "${CROSS_RUN:-}" ]; then run='Fit32Bits|TruncatePast32Bits'; fi
 		if (cd "$pkg" && YIRANGMQ_TEST_EMULATOR="${qemu[*]}" "${qemu[@]}" "$bin" \
-			-test.run="$RUN" -test.skip="$SKIP" -test.timeout="$TIMEOUT" -test.count=1 2>&1 |
+			-test.run="$run" -test.skip="$SKIP" -test.timeout="$TIMEOUT" -test.count=1 2>&1 |
 			sed "s|^|$arch $pkg: |"; exit "${PIPESTATUS[0]}"); then
 			res=ok
 		else
