@@ -29,3 +29,7 @@ require (
 	golang.org/x/sync v0.22.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
 )
+
+// go-fuse v2.12.1 with its splice package fixed for 32-bit Linux (armv7):
+// see third_party/go-fuse/PATCHES.md.
+replace github.com/hanwen/go-fuse/v2 => ./third_party/go-fuse

@@ -141,14 +141,21 @@ var _ = (fs.NodeSetattrer)((*policyNode)(nil))
 func (n *policyNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	if w, ok := fh.(*policyWriter); ok {
 		if size, ok := in.GetSize(); ok {
-			w.mu.Lock()
-			if int(size) < len(w.buf) {
-				w.buf = w.buf[:size]
-			}
-			w.mu.Unlock()
+			w.truncate(size)
 		}
 	}
 	return n.Getattr(ctx, fh, out)
+}
+
+// truncate shortens the document to size bytes; a larger size changes
+// nothing. size is compared as a uint64: int(size) wraps on a 32-bit
+// machine (truncate -s 4294967297 became 1) and the slice panicked: EIO.
+func (w *policyWriter) truncate(size uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if size < uint64(len(w.buf)) {
+		w.buf = w.buf[:size]
+	}
 }
 
 var _ = (fs.NodeOpener)((*policyNode)(nil))

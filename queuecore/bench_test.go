@@ -24,7 +24,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -38,6 +37,7 @@ import (
 	_ "github.com/mattn/go-sqlite3" // registers "sqlite3" for database/sql (the goqite baseline)
 
 	"yirangmq/queuecore"
+	"yirangmq/testenv"
 	"yirangmq/testenv/goqite"
 )
 
@@ -616,7 +616,7 @@ type childMemory struct {
 // benchmarks would count too, in VmHWM above all.
 func scaleMemory(b *testing.B, storeName, dir string) *childMemory {
 	b.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestScaleMemoryChild$", "-test.count=1", "-test.v")
+	cmd := testenv.SelfCommand("-test.run=^TestScaleMemoryChild$", "-test.count=1", "-test.v")
 	cmd.Env = append(os.Environ(), envChildDir+"="+dir, envChildStore+"="+storeName)
 	out, err := cmd.CombinedOutput()
 	if err != nil {

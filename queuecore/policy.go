@@ -137,6 +137,12 @@ func parsePolicy(data []byte, compile bool) (Policy, error) {
 func describeJSONError(err error) string {
 	var te *json.UnmarshalTypeError
 	if errors.As(err, &te) {
+		// A number that does not fit the field's type (on a 32-bit
+		// machine, an int field past 2^31-1): say so, not "must be a
+		// number, not a number".
+		if kind := jsonKind(te.Type.Kind().String()); kind == "number" && strings.HasPrefix(te.Value, "number") {
+			return fmt.Sprintf("field %q: %s is out of range", te.Field, te.Value)
+		}
 		return fmt.Sprintf("field %q must be a %s, not a JSON %s", te.Field, jsonKind(te.Type.Kind().String()), te.Value)
 	}
 	msg := err.Error()

@@ -10,7 +10,6 @@ import (
 	"maps"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"regexp"
 	"slices"
 	"strings"
@@ -20,6 +19,7 @@ import (
 	"time"
 
 	"yirangmq/queuecore"
+	"yirangmq/testenv"
 )
 
 // crashChildEnv, when set, makes RunCrash the child: its value is a JSON
@@ -207,7 +207,7 @@ func runAndKill(t *testing.T, spec crashChildSpec, h *crashHistory, minBatches i
 	if err != nil {
 		return "", err
 	}
-	cmd := exec.Command(os.Args[0], "-test.run="+runPattern(spec.Test), "-test.count=1", "-test.timeout=2m")
+	cmd := testenv.SelfCommand("-test.run="+runPattern(spec.Test), "-test.count=1", "-test.timeout=2m")
 	cmd.Env = append(os.Environ(), crashChildEnv+"="+string(env))
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

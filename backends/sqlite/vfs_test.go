@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -14,6 +13,7 @@ import (
 	"github.com/mattn/go-sqlite3"
 
 	"yirangmq/queuecore"
+	"yirangmq/testenv"
 )
 
 // Tests of the VFS (vfs.c) under write errors. A write error is made with
@@ -33,7 +33,7 @@ func inVFSChild(t *testing.T) bool {
 	if os.Getenv(vfsChildEnv) != "" {
 		return true
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v", "-test.count=1")
+	cmd := testenv.SelfCommand("-test.run=^"+t.Name()+"$", "-test.v", "-test.count=1")
 	cmd.Env = append(os.Environ(), vfsChildEnv+"=1")
 	out, err := cmd.CombinedOutput()
 	if err != nil {

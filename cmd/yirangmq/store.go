@@ -12,7 +12,6 @@ import (
 
 	"yirangmq/backends"
 	"yirangmq/backends/fs"
-	"yirangmq/backends/postgres"
 	"yirangmq/backends/sqlite"
 	"yirangmq/queuecore"
 )
@@ -45,7 +44,7 @@ func openStore(ctx context.Context, backend, dir string, sync queuecore.SyncMode
 		if !isPostgresURL(dir) {
 			return nil, fmt.Errorf("--backend postgres needs --store postgres://USER@HOST/DB (or a key=value connection string), not %q", dir)
 		}
-		return postgres.Open(ctx, dir, opts)
+		return openPostgres(ctx, dir, opts)
 	}
 	return nil, fmt.Errorf("unknown backend %q: use sqlite, fs or postgres", backend)
 }
@@ -61,7 +60,7 @@ func displayStore(backend, store string) string {
 	if backend != "postgres" {
 		return store
 	}
-	return postgres.Redact(store)
+	return redactPostgres(store)
 }
 
 // newLogger makes the daemon's logger: text (default) or json on out,

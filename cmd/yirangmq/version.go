@@ -40,6 +40,10 @@ func runVersion(ctx context.Context, env *cliEnv, args []string) error {
 	if ok, err := parseFlags(env, fs, args); !ok {
 		return err
 	}
-	fmt.Fprintf(env.stdout, "yirangmq %s (%s, %s/%s)\n", version, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	stores := "sqlite fs postgres"
+	if !withPostgres {
+		stores = "sqlite fs"
+	}
+	fmt.Fprintf(env.stdout, "yirangmq %s (%s, %s/%s; stores: %s)\n", version, runtime.Version(), runtime.GOOS, runtime.GOARCH, stores)
 	return nil
 }
