@@ -202,7 +202,7 @@ func (d *stateDir) Rename(ctx context.Context, name string, newParent fs.InodeEm
 	if to.state == queuecore.StateLeased {
 		leaser = d.fsys.consumer(ctx)
 	}
-	m, err := d.fsys.core.Move(ctx, d.queue, d.state, name, to.queue, to.state, leaser)
+	m, err := d.fsys.core.Move(ctx, queuecore.MoveRequest{Queue: d.queue, From: d.state, Name: name, ToQueue: to.queue, To: to.state, Consumer: leaser})
 	if err != nil {
 		if errors.Is(err, queuecore.ErrNotAllowed) {
 			d.fsys.log.Warn("rename refused", "queue", d.queue, "from", d.state.Dir(), "to", to.queue+"/"+to.state.Dir(), "name", name)

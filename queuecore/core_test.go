@@ -172,7 +172,7 @@ func TestMoveTable(t *testing.T) {
 				}
 			}
 			e.get("q", r.from, name)
-			_, err := e.core.Move(e.ctx, "q", r.from, name, "q", r.to, "")
+			_, err := e.core.Move(e.ctx, queuecore.MoveRequest{Queue: "q", From: r.from, Name: name, ToQueue: "q", To: r.to})
 			if !errors.Is(err, r.err) || (r.err == nil && err != nil) {
 				t.Errorf("%s -> %s: %v, want %v", r.from.Dir(), r.to.Dir(), err, r.err)
 				continue
@@ -185,7 +185,7 @@ func TestMoveTable(t *testing.T) {
 				e.get("q", want, name)
 			}
 			// Not where the caller says: ENOENT.
-			_, err = e.core.Move(e.ctx, "q", r.from, name+"-missing", "q", r.to, "")
+			_, err = e.core.Move(e.ctx, queuecore.MoveRequest{Queue: "q", From: r.from, Name: name + "-missing", ToQueue: "q", To: r.to})
 			if r.err == nil {
 				wantErr(t, err, queuecore.ErrNotFound)
 			}
@@ -450,7 +450,7 @@ func TestForwardIsOneStep(t *testing.T) {
 		if _, err := e.core.Lease(e.ctx, "a", "m", ""); err != nil {
 			t.Fatal(err)
 		}
-		f, err := e.core.Move(e.ctx, "a", queuecore.StateLeased, "m", "b", queuecore.StateReady, "")
+		f, err := e.core.Move(e.ctx, queuecore.MoveRequest{Queue: "a", From: queuecore.StateLeased, Name: "m", ToQueue: "b", To: queuecore.StateReady})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -460,7 +460,7 @@ func TestForwardIsOneStep(t *testing.T) {
 		equal(t, "forwarded body", string(body), "payload")
 		// Only leased messages may be forwarded.
 		e.publish("a", "n", "x")
-		_, err = e.core.Move(e.ctx, "a", queuecore.StateReady, "n", "b", queuecore.StateReady, "")
+		_, err = e.core.Move(e.ctx, queuecore.MoveRequest{Queue: "a", From: queuecore.StateReady, Name: "n", ToQueue: "b", To: queuecore.StateReady})
 		wantErr(t, err, queuecore.ErrNotAllowed)
 		// A name live in the target: EEXIST, nothing moves.
 		e.publish("b", "n", "y")

@@ -112,11 +112,23 @@ func (c *Core) single(ctx context.Context, queueName, name string, from State, a
 	return m, nil
 }
 
-// Move is a rename in a mount: it carries out the transition of docs/contract.md §2
-// from (queue, state from, name) to (toQueue, state to), or fails with
-// ErrNotAllowed for a transition the table does not have and ErrNotFound
-// when the message is not where the caller says.
-func (c *Core) Move(ctx context.Context, queueName string, from State, name, toQueue string, to State, consumer string) (Message, error) {
+// MoveRequest is a rename in a mount: the message called Name in state
+// From of Queue goes to state To of ToQueue. Consumer describes the
+// leaser (uid, pid, command) when To is StateLeased.
+type MoveRequest struct {
+	Queue    string
+	From     State
+	Name     string
+	ToQueue  string
+	To       State
+	Consumer string
+}
+
+// Move carries out the transition of docs/contract.md §2 that r names, or
+// fails with ErrNotAllowed for a transition the table does not have and
+// ErrNotFound when the message is not where the caller says.
+func (c *Core) Move(ctx context.Context, r MoveRequest) (Message, error) {
+	queueName, from, name, toQueue, to := r.Queue, r.From, r.Name, r.ToQueue, r.To
 	if toQueue != queueName {
 		if from == StateLeased && to == StateReady {
 			return c.Forward(ctx, queueName, name, toQueue)
@@ -127,7 +139,7 @@ func (c *Core) Move(ctx context.Context, queueName string, from State, name, toQ
 	case from == to:
 		return c.Get(ctx, queueName, from, name)
 	case from == StateReady && to == StateLeased:
-		return c.Lease(ctx, queueName, name, consumer)
+		return c.Lease(ctx, queueName, name, r.Consumer)
 	case from == StateLeased && to == StateReady:
 		return c.Nack(ctx, queueName, name)
 	case to == StateDead && (from == StateReady || from == StateLeased || from == StateDelayed):
@@ -135,8 +147,8 @@ func (c *Core) Move(ctx context.Context, queueName string, from State, name, toQ
 	case from == StateDead && to == StateReady:
 		return c.Redrive(ctx, queueName, name)
 	case from == StateArchived && to == StateReady:
-		r, err := c.Replay(ctx, queueName, name)
-		return r.Message, err
+		res, err := c.Replay(ctx, queueName, name)
+		return res.Message, err
 	case from == StateDelayed && to == StateReady:
 		return c.RunNow(ctx, queueName, name)
 	}

@@ -46,14 +46,14 @@ func (c *Core) Publish(ctx context.Context, queueName, name string, body []byte,
 	return c.publish(ctx, q, name, body, o)
 }
 
+// publish is Publish once the queue is found. Its steps, in order: refuse
+// what the policy cannot take, drop a duplicate, claim the name in the
+// queue and its fanout queues, build the message, hold a place under
+// maxReady and the disk floor, assign IDs, commit.
 func (c *Core) publish(ctx context.Context, q *queue, name string, body []byte, o PublishOptions) (PublishResult, error) {
 	p := policyOf(q)
-	if p.broken != "" {
-		c.log.Warn("publish refused: the queue's stored policy cannot be loaded", logQueue, q.name, "name", name, logErr, p.broken)
-		return PublishResult{}, fmt.Errorf("queue %q: %w", q.name, ErrPolicyBroken)
-	}
-	if int64(len(body)) > p.MaxMessageBytes {
-		return PublishResult{}, fmt.Errorf("%s: %d bytes: %w (%d)", name, len(body), ErrTooLarge, p.MaxMessageBytes)
+	if err := c.publishAllowed(q, &p, name, body); err != nil {
+		return PublishResult{}, err
 	}
 	now := c.now()
 	chk, verr := p.checkBody(q.name, body, now)
@@ -62,30 +62,16 @@ func (c *Core) publish(ctx context.Context, q *queue, name string, body []byte, 
 		dedupKey = chk.facts.DedupKey
 	}
 	window := time.Duration(p.DedupWindowSec) * time.Second
-	if verr == nil && window > 0 && dedupKey != "" {
-		q.mu.Lock()
-		at, seen := q.dedup[dedupKey]
-		q.mu.Unlock()
-		if seen && now.Sub(at) < window {
-			q.counters.deduplicated.Add(1)
-			return PublishResult{Deduplicated: true}, nil
-		}
+	if verr == nil && q.dedupSeen(dedupKey, window, now) {
+		q.counters.deduplicated.Add(1)
+		return PublishResult{Deduplicated: true}, nil
 	}
 
 	claims := []claim{liveClaim(q, name)}
 	var fan []*queue
 	if verr == nil {
-		for _, f := range p.Fanout {
-			fq, err := c.queue(f)
-			if err != nil {
-				c.log.Warn("fanout queue is gone, copy skipped", logQueue, q.name, "fanout", f)
-				continue
-			}
-			if policyOf(fq).broken != "" {
-				c.log.Warn("fanout queue is closed (its stored policy cannot be loaded), copy skipped", logQueue, q.name, "fanout", f)
-				continue
-			}
-			fan = append(fan, fq)
+		fan = c.fanoutQueues(q, &p)
+		for _, fq := range fan {
 			claims = append(claims, liveClaim(fq, name))
 		}
 	}
@@ -95,83 +81,21 @@ func (c *Core) publish(ctx context.Context, q *queue, name string, body []byte, 
 	var b batch
 	defer c.finish(claims, &b)
 
-	m := Message{
-		Queue: q.name, Name: name, State: StateReady,
-		Priority: chk.facts.Priority, Size: int64(len(chk.body)),
-		MessageID: chk.facts.MessageID, PublishedAt: now, FirstAt: now, StateAt: now,
-		DedupKey: dedupKey, UID: o.UID, GID: o.GID,
-	}
-	if !o.MTime.IsZero() {
-		m.PublishedAt = o.MTime
-	}
-	if m.MessageID == "" {
-		m.MessageID = c.newMessageID()
-	}
-	delay := max(o.Delay, chk.facts.Delay)
-	var vmsg string
-	switch {
-	case verr != nil:
-		vmsg = verr.Error()
-		m.State, m.Reason, m.ReasonMessage, m.FailedAt = StateDead, ReasonValidation, vmsg, now
-	case delay > 0:
-		m.State, m.Deadline = StateDelayed, now.Add(delay)
-	}
+	m, vmsg := c.newPublished(q, name, chk, verr, o, dedupKey, now)
 
-	// Backpressure: counted against ready messages plus publishes under way.
-	toReady := m.State == StateReady
-	if toReady && c.shared != nil && p.MaxReady > 0 {
-		// Other daemons lease and publish too: go by the store's count
-		// (at most countsTTL old), not by this daemon's own moves.
-		if err := c.refreshCounts(ctx); err != nil {
-			return PublishResult{}, fmt.Errorf("publish %s/%s: %w", q.name, name, err)
-		}
+	release, err := c.reserveReady(ctx, q, name, claims, &p, m.State == StateReady)
+	if err != nil {
+		return PublishResult{}, err
 	}
-	for _, cl := range claims {
-		cq := cl.q
-		cq.mu.Lock()
-		limit := cq.policy.MaxReady
-		if toReady && limit > 0 && cq.gauges[StateReady].N+cq.inserting >= limit {
-			cq.mu.Unlock()
-			return PublishResult{}, fmt.Errorf("queue %q: %w (%d)", cq.name, ErrQueueFull, limit)
-		}
-		cq.mu.Unlock()
-	}
-	for _, cl := range claims {
-		cl.q.mu.Lock()
-		cl.q.inserting++
-		cl.q.mu.Unlock()
-	}
-	defer func() {
-		for _, cl := range claims {
-			cl.q.mu.Lock()
-			cl.q.inserting--
-			cl.q.mu.Unlock()
-		}
-	}()
-
+	defer release()
 	if c.space != nil {
 		if err := c.space.admit(int64(len(chk.body)) * int64(1+len(fan))); err != nil {
 			return PublishResult{}, fmt.Errorf("publish %s/%s: %w", q.name, name, err)
 		}
 	}
 
-	var err error
-	m.ID = o.ID
-	if m.ID == 0 {
-		if m.ID, err = c.newID(); err != nil {
-			return PublishResult{}, fmt.Errorf("publish %s/%s: %w", q.name, name, err)
-		}
-	}
-	m.Seq = c.newSeq() // delivery order is commit order
-	b.insert(q, m, chk.body, false)
-	for _, fq := range fan {
-		cp := m
-		if cp.ID, err = c.newID(); err != nil {
-			return PublishResult{}, fmt.Errorf("publish %s/%s: %w", q.name, name, err)
-		}
-		cp.Seq = c.newSeq()
-		cp.Queue = fq.name
-		b.insert(fq, cp, chk.body, true)
+	if err := c.insertPublished(&b, q, fan, &m, o.ID, chk.body); err != nil {
+		return PublishResult{}, fmt.Errorf("publish %s/%s: %w", q.name, name, err)
 	}
 	b.count(func(now time.Time) {
 		if verr != nil {
@@ -184,12 +108,7 @@ func (c *Core) publish(ctx context.Context, q *queue, name string, body []byte, 
 			cq.rates.add(now, ratePublished)
 			cq.mu.Unlock()
 		}
-		if window > 0 && dedupKey != "" {
-			q.mu.Lock()
-			q.dedup[dedupKey] = now
-			q.pruneDedup(now, window)
-			q.mu.Unlock()
-		}
+		q.dedupNote(dedupKey, window, now)
 	})
 	// A live name is refused by the store itself (ErrExists), so the
 	// common case costs no read; which queue holds it is looked up only
@@ -209,6 +128,147 @@ func (c *Core) publish(ctx context.Context, q *queue, name string, body []byte, 
 		return PublishResult{Message: m}, &ValidationError{Queue: q.name, Name: name, Reason: vmsg, Kept: true}
 	}
 	return PublishResult{Message: m}, nil
+}
+
+// publishAllowed refuses a publish the queue's policy cannot take at all:
+// a policy that could not be loaded, or a body over maxMessageBytes.
+func (c *Core) publishAllowed(q *queue, p *Policy, name string, body []byte) error {
+	if p.broken != "" {
+		c.log.Warn("publish refused: the queue's stored policy cannot be loaded", logQueue, q.name, logName, name, logErr, p.broken)
+		return fmt.Errorf("queue %q: %w", q.name, ErrPolicyBroken)
+	}
+	if int64(len(body)) > p.MaxMessageBytes {
+		return fmt.Errorf("%s: %d bytes: %w (%d)", name, len(body), ErrTooLarge, p.MaxMessageBytes)
+	}
+	return nil
+}
+
+// dedupSeen tells whether key was published within window before now.
+func (q *queue) dedupSeen(key string, window time.Duration, now time.Time) bool {
+	if window <= 0 || key == "" {
+		return false
+	}
+	q.mu.Lock()
+	at, seen := q.dedup[key]
+	q.mu.Unlock()
+	return seen && now.Sub(at) < window
+}
+
+// dedupNote remembers that key was published at now.
+func (q *queue) dedupNote(key string, window time.Duration, now time.Time) {
+	if window <= 0 || key == "" {
+		return
+	}
+	q.mu.Lock()
+	q.dedup[key] = now
+	q.pruneDedup(now, window)
+	q.mu.Unlock()
+}
+
+// fanoutQueues returns the queues that get a copy of a publish to q; a
+// queue that is gone or closed is skipped with a warning.
+func (c *Core) fanoutQueues(q *queue, p *Policy) []*queue {
+	var fan []*queue
+	for _, f := range p.Fanout {
+		fq, err := c.queue(f)
+		if err != nil {
+			c.log.Warn("fanout queue is gone, copy skipped", logQueue, q.name, "fanout", f)
+			continue
+		}
+		if policyOf(fq).broken != "" {
+			c.log.Warn("fanout queue is closed (its stored policy cannot be loaded), copy skipped", logQueue, q.name, "fanout", f)
+			continue
+		}
+		fan = append(fan, fq)
+	}
+	return fan
+}
+
+// newPublished is the message a publish of name commits, still without
+// IDs: ready, delayed when it asks for a delay, or dead when it failed
+// validation (vmsg then says why).
+func (c *Core) newPublished(q *queue, name string, chk checked, verr error, o PublishOptions, dedupKey string, now time.Time) (m Message, vmsg string) {
+	m = Message{
+		Queue: q.name, Name: name, State: StateReady,
+		Priority: chk.facts.Priority, Size: int64(len(chk.body)),
+		MessageID: chk.facts.MessageID, PublishedAt: now, FirstAt: now, StateAt: now,
+		DedupKey: dedupKey, UID: o.UID, GID: o.GID,
+	}
+	if !o.MTime.IsZero() {
+		m.PublishedAt = o.MTime
+	}
+	if m.MessageID == "" {
+		m.MessageID = c.newMessageID()
+	}
+	switch delay := max(o.Delay, chk.facts.Delay); {
+	case verr != nil:
+		vmsg = verr.Error()
+		m.State, m.Reason, m.ReasonMessage, m.FailedAt = StateDead, ReasonValidation, vmsg, now
+	case delay > 0:
+		m.State, m.Deadline = StateDelayed, now.Add(delay)
+	}
+	return m, vmsg
+}
+
+// reserveReady is the backpressure step: a message bound for inbox/ is
+// counted against ready messages plus publishes under way, in every
+// claimed queue. On success each claimed queue counts one more publish
+// under way until release is called.
+func (c *Core) reserveReady(ctx context.Context, q *queue, name string, claims []claim, p *Policy, toReady bool) (release func(), err error) {
+	if toReady && c.shared != nil && p.MaxReady > 0 {
+		// Other daemons lease and publish too: go by the store's count
+		// (at most countsTTL old), not by this daemon's own moves.
+		if err := c.refreshCounts(ctx); err != nil {
+			return nil, fmt.Errorf("publish %s/%s: %w", q.name, name, err)
+		}
+	}
+	for _, cl := range claims {
+		cq := cl.q
+		cq.mu.Lock()
+		limit := cq.policy.MaxReady
+		if toReady && limit > 0 && cq.gauges[StateReady].N+cq.inserting >= limit {
+			cq.mu.Unlock()
+			return nil, fmt.Errorf("queue %q: %w (%d)", cq.name, ErrQueueFull, limit)
+		}
+		cq.mu.Unlock()
+	}
+	for _, cl := range claims {
+		cl.q.mu.Lock()
+		cl.q.inserting++
+		cl.q.mu.Unlock()
+	}
+	return func() {
+		for _, cl := range claims {
+			cl.q.mu.Lock()
+			cl.q.inserting--
+			cl.q.mu.Unlock()
+		}
+	}, nil
+}
+
+// insertPublished gives m its IDs (id when the caller reserved one) and
+// adds it and its fanout copies to b. Delivery order is commit order, so
+// each copy takes its sequence number here.
+func (c *Core) insertPublished(b *batch, q *queue, fan []*queue, m *Message, id uint64, body []byte) error {
+	var err error
+	m.ID = id
+	if m.ID == 0 {
+		if m.ID, err = c.newID(); err != nil {
+			return err
+		}
+	}
+	m.Seq = c.newSeq()
+	b.insert(q, *m, body, false)
+	for _, fq := range fan {
+		cp := *m
+		if cp.ID, err = c.newID(); err != nil {
+			return err
+		}
+		cp.Seq = c.newSeq()
+		cp.Queue = fq.name
+		b.insert(fq, cp, body, true)
+	}
+	return nil
 }
 
 // newMessageID makes a random (version 4) UUID for a message that brought
