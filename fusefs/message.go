@@ -209,9 +209,9 @@ func (n *msgNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAtt
 	p := n.pend
 	if p != nil {
 		if size, ok := in.GetSize(); ok {
-			if errno := n.resizeLocked(int64(size)); errno != 0 {
+			if err := n.resizeLocked(int64(size)); err != nil {
 				n.mu.Unlock()
-				return errno
+				return errnoOf(err)
 			}
 		}
 		if mtime, ok := in.GetMTime(); ok && in.Valid&fuse.FATTR_MTIME_NOW == 0 && !p.done {
@@ -225,7 +225,7 @@ func (n *msgNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAtt
 	mtime, hasMtime := in.GetMTime()
 	if _, hasSize := in.GetSize(); hasSize {
 		n.fsys.log.Warn("truncate refused: committed messages are immutable", "queue", n.queue, "name", name)
-		return syscall.EPERM
+		return errnoOf(queuecore.ErrImmutable)
 	}
 	m, err := n.current(ctx)
 	if err != nil {
@@ -235,7 +235,7 @@ func (n *msgNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAtt
 	gid, hasGID := in.GetGID()
 	if (hasUID && uid != m.UID) || (hasGID && gid != m.GID) {
 		n.fsys.log.Warn("chown refused: a message stays owned by its publisher", "queue", n.queue, "name", name)
-		return syscall.EPERM
+		return errnoOf(queuecore.ErrImmutable)
 	}
 	if m.State == queuecore.StateLeased && (hasMtime || in.Valid&(fuse.FATTR_MTIME_NOW|fuse.FATTR_ATIME|fuse.FATTR_ATIME_NOW) != 0) {
 		var deadline time.Time // zero: now + visibility timeout
@@ -267,8 +267,8 @@ func (n *msgNode) Write(ctx context.Context, fh fs.FileHandle, data []byte, off 
 	}
 	end := off + int64(len(data))
 	if end > len64(p.buf) {
-		if errno := n.resizeLocked(end); errno != 0 {
-			return 0, errno
+		if err := n.resizeLocked(end); err != nil {
+			return 0, errnoOf(err)
 		}
 	}
 	copy(p.buf[off:], data)
@@ -281,11 +281,12 @@ func (n *msgNode) Write(ctx context.Context, fh fs.FileHandle, data []byte, off 
 func len64(b []byte) int64 { return int64(len(b)) }
 
 // resizeLocked grows or truncates the buffer of a file being written; past
-// the queue's maxMessageBytes it is EFBIG, at write(2) as docs/contract.md says.
-func (n *msgNode) resizeLocked(size int64) syscall.Errno {
+// the queue's maxMessageBytes it is ErrTooLarge (EFBIG at write(2), as
+// docs/contract.md says), past the draft bounds errDraftsFull (EDQUOT).
+func (n *msgNode) resizeLocked(size int64) error {
 	p := n.pend
 	if p.done {
-		return syscall.EPERM
+		return queuecore.ErrImmutable
 	}
 	if size > p.limit {
 		if !p.tooBig {
@@ -293,7 +294,7 @@ func (n *msgNode) resizeLocked(size int64) syscall.Errno {
 				"queue", n.queue, "name", n.name, "limit", p.limit)
 			p.tooBig = true
 		}
-		return syscall.EFBIG
+		return queuecore.ErrTooLarge
 	}
 	if size <= int64(cap(p.buf)) {
 		old := len(p.buf)
@@ -301,7 +302,7 @@ func (n *msgNode) resizeLocked(size int64) syscall.Errno {
 		if int(size) > old {
 			clear(p.buf[old:])
 		}
-		return 0
+		return nil
 	}
 	// Grow by doubling (within maxMessageBytes), or to exactly size when
 	// the draft bounds leave no room for more.
@@ -314,14 +315,14 @@ func (n *msgNode) resizeLocked(size int64) syscall.Errno {
 					"max_total", n.fsys.opts.MaxDraftBytes, "max_per_uid", n.fsys.opts.MaxDraftBytesPerUID)
 				p.quota = true
 			}
-			return syscall.EDQUOT
+			return errDraftsFull
 		}
 	}
 	p.held = newCap
 	nb := make([]byte, size, newCap)
 	copy(nb, p.buf)
 	p.buf = nb
-	return 0
+	return nil
 }
 
 var _ = (fs.NodeFsyncer)((*msgNode)(nil))
