@@ -157,7 +157,7 @@ func (n *msgNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32
 		size := int64(len(p.buf))
 		if !n.fsys.drafts.grow(&n.fsys.opts, uid, size) {
 			n.mu.Unlock()
-			n.fsys.log.Warn("open refused: too many uncommitted bytes (EDQUOT)", "queue", n.queue, "name", name, "uid", uid)
+			n.fsys.log.Warn("open refused: too many uncommitted bytes (EDQUOT)", logQueue, n.queue, logName, name, logUID, uid)
 			return nil, 0, syscall.EDQUOT
 		}
 		body := append([]byte(nil), p.buf...)
@@ -165,7 +165,7 @@ func (n *msgNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32
 		return &readHandle{body: body, uid: uid, held: size}, fuse.FOPEN_DIRECT_IO, 0
 	}
 	if writing {
-		n.fsys.log.Warn("open for writing refused: committed messages are immutable", "queue", n.queue, "name", name)
+		n.fsys.log.Warn("open for writing refused: committed messages are immutable", logQueue, n.queue, logName, name)
 		return nil, 0, syscall.EPERM
 	}
 	m, err := n.current(ctx)
@@ -224,7 +224,7 @@ func (n *msgNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAtt
 	n.mu.Unlock()
 	mtime, hasMtime := in.GetMTime()
 	if _, hasSize := in.GetSize(); hasSize {
-		n.fsys.log.Warn("truncate refused: committed messages are immutable", "queue", n.queue, "name", name)
+		n.fsys.log.Warn("truncate refused: committed messages are immutable", logQueue, n.queue, logName, name)
 		return errnoOf(queuecore.ErrImmutable)
 	}
 	m, err := n.current(ctx)
@@ -234,7 +234,7 @@ func (n *msgNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAtt
 	uid, hasUID := in.GetUID()
 	gid, hasGID := in.GetGID()
 	if (hasUID && uid != m.UID) || (hasGID && gid != m.GID) {
-		n.fsys.log.Warn("chown refused: a message stays owned by its publisher", "queue", n.queue, "name", name)
+		n.fsys.log.Warn("chown refused: a message stays owned by its publisher", logQueue, n.queue, logName, name)
 		return errnoOf(queuecore.ErrImmutable)
 	}
 	if m.State == queuecore.StateLeased && (hasMtime || in.Valid&(fuse.FATTR_MTIME_NOW|fuse.FATTR_ATIME|fuse.FATTR_ATIME_NOW) != 0) {
@@ -291,7 +291,7 @@ func (n *msgNode) resizeLocked(size int64) error {
 	if size > p.limit {
 		if !p.tooBig {
 			n.fsys.log.Warn("write refused: message larger than the queue's maxMessageBytes",
-				"queue", n.queue, "name", n.name, "limit", p.limit)
+				logQueue, n.queue, logName, n.name, "limit", p.limit)
 			p.tooBig = true
 		}
 		return queuecore.ErrTooLarge
@@ -311,7 +311,7 @@ func (n *msgNode) resizeLocked(size int64) error {
 		newCap = size
 		if !n.fsys.drafts.grow(&n.fsys.opts, p.uid, newCap-p.held) {
 			if !p.quota {
-				n.fsys.log.Warn("write refused: too many uncommitted bytes (EDQUOT)", "queue", n.queue, "name", n.name, "uid", p.uid,
+				n.fsys.log.Warn("write refused: too many uncommitted bytes (EDQUOT)", logQueue, n.queue, logName, n.name, logUID, p.uid,
 					"max_total", n.fsys.opts.MaxDraftBytes, "max_per_uid", n.fsys.opts.MaxDraftBytesPerUID)
 				p.quota = true
 			}
