@@ -174,7 +174,7 @@ func (n *policyNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uin
 		// The policy in effect is a closed stand-in, not the owner's: a
 		// read-modify-write of it (yirangmq resume) must not reopen the
 		// queue on defaults. Writing a whole valid policy does.
-		n.fsys.log.Warn(".policy read refused: the stored policy cannot be loaded", "queue", n.queue, "err", why)
+		n.fsys.log.Warn(".policy read refused: the stored policy cannot be loaded", logQueue, n.queue, logErr, why)
 		return nil, 0, syscall.EIO
 	}
 	return &snapshot{data: p.JSON()}, fuse.FOPEN_DIRECT_IO, 0
@@ -228,7 +228,7 @@ func (n *policyNode) commit(ctx context.Context, w *policyWriter) syscall.Errno 
 	if w.tooBig {
 		// What fitted before the EFBIG is not the writer's document, even
 		// when it parses (a valid object followed by a megabyte of spaces).
-		n.fsys.log.Warn("policy rejected: document larger than the limit", "queue", n.queue, "limit", maxPolicyWrite)
+		n.fsys.log.Warn("policy rejected: document larger than the limit", logQueue, n.queue, "limit", maxPolicyWrite)
 		return syscall.EINVAL
 	}
 	if errno := n.checkFanout(w); errno != 0 {
@@ -237,7 +237,7 @@ func (n *policyNode) commit(ctx context.Context, w *policyWriter) syscall.Errno 
 	if err := n.fsys.core.SetPolicy(ctx, n.queue, w.buf); err != nil {
 		return errnoOf(err) // the core logged why
 	}
-	n.fsys.log.Info("policy replaced", "queue", n.queue)
+	n.fsys.log.Info("policy replaced", logQueue, n.queue)
 	return 0
 }
 
@@ -259,7 +259,7 @@ func (n *policyNode) checkFanout(w *policyWriter) syscall.Errno {
 			continue // no such queue: SetPolicy says so
 		}
 		if !w.creds.may(info.UID, info.GID, info.Mode, mayWrite|mayExec) {
-			n.fsys.log.Warn("policy rejected: fanout to a queue its writer may not publish to", "queue", n.queue, "fanout", target, "uid", w.creds.uid)
+			n.fsys.log.Warn("policy rejected: fanout to a queue its writer may not publish to", logQueue, n.queue, "fanout", target, logUID, w.creds.uid)
 			return syscall.EACCES
 		}
 	}
@@ -336,7 +336,7 @@ func (n *nextNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 		return nil, 0, errnoOf(err)
 	}
 	if c := callerCreds(ctx); !c.may(info.UID, info.GID, info.Mode, mayWrite|mayExec) {
-		n.fsys.log.Warn(".next refused: leasing needs write permission on the queue", "queue", n.queue, "uid", c.uid)
+		n.fsys.log.Warn(".next refused: leasing needs write permission on the queue", logQueue, n.queue, logUID, c.uid)
 		return nil, 0, syscall.EACCES
 	}
 	return &nextHandle{nonblock: flags&syscall.O_NONBLOCK != 0}, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NONSEEKABLE, 0
@@ -354,7 +354,7 @@ func (n *nextNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off 
 	if !h.leased {
 		uid, _, _ := caller(ctx)
 		if why := n.fsys.readers.enter(&n.fsys.opts, uid, n.queue); why != "" {
-			n.fsys.log.Warn(".next refused: too many blocked readers "+why, "queue", n.queue, "uid", uid)
+			n.fsys.log.Warn(".next refused: too many blocked readers "+why, logQueue, n.queue, logUID, uid)
 			return nil, syscall.EBUSY
 		}
 		m, err := n.fsys.core.Next(ctx, n.queue, n.fsys.consumer(ctx), h.nonblock)
