@@ -39,69 +39,124 @@ func (s *snapshot) read(dest []byte, off int64) (fuse.ReadResult, syscall.Errno)
 	return fuse.ReadResultData(s.data[off:min(off+int64(len(dest)), int64(len(s.data)))]), 0
 }
 
-// statsNode is QUEUE/.stats, MOUNT/.stats (queue == "") or MOUNT/.metrics.
-type statsNode struct {
-	fs.Inode
-	fsys    *FS
-	queue   string
-	metrics bool
-}
+// readOnlyDoc is what the read-only pseudo-files share: a document made
+// when the file is opened (a snapshot), read in pieces. Each of them is
+// its own node type, which embeds it for Read.
+type readOnlyDoc struct{}
 
-func (n *statsNode) fill(out *fuse.Attr, ino uint64) {
-	fillPseudo(out, ino, n.fsys.uid, n.fsys.gid, false)
-}
+var (
+	_ = (fs.NodeReader)((*queueStatsNode)(nil))
+	_ = (fs.NodeReader)((*rootStatsNode)(nil))
+	_ = (fs.NodeReader)((*metricsNode)(nil))
+)
 
-var _ = (fs.NodeGetattrer)((*statsNode)(nil))
-
-func (n *statsNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	ino := uint64(inoRootStats)
-	switch {
-	case n.metrics:
-		ino = inoMetrics
-	case n.queue != "":
-		ino = n.fsys.queueIno(n.queue, kStats)
-	}
-	n.fill(&out.Attr, ino)
-	return 0
-}
-
-var _ = (fs.NodeOpener)((*statsNode)(nil))
-
-func (n *statsNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
-		return nil, 0, syscall.EPERM
-	}
-	var data []byte
-	if n.queue != "" {
-		s, err := n.fsys.core.Stats(ctx, n.queue)
-		if err != nil {
-			return nil, 0, errnoOf(err)
-		}
-		data, _ = json.MarshalIndent(s, "", "  ")
-		data = append(data, '\n')
-	} else {
-		d, err := n.fsys.core.DaemonStats(ctx)
-		if err != nil {
-			return nil, 0, errnoOf(err)
-		}
-		if n.metrics {
-			data = n.fsys.appendMemoryMetrics(Metrics(d))
-		} else {
-			data, _ = json.MarshalIndent(d, "", "  ")
-			data = append(data, '\n')
-		}
-	}
-	return &snapshot{data: data}, fuse.FOPEN_DIRECT_IO, 0
-}
-
-var _ = (fs.NodeReader)((*statsNode)(nil))
-
-func (n *statsNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+func (readOnlyDoc) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	s, ok := fh.(*snapshot)
 	if !ok {
 		return nil, syscall.EBADF
 	}
 	return s.read(dest, off)
+}
+
+// openDoc opens a read-only pseudo-file on the document that doc makes;
+// opening it for writing is EPERM.
+func openDoc(flags uint32, doc func() ([]byte, error)) (fs.FileHandle, uint32, syscall.Errno) {
+	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		return nil, 0, syscall.EPERM
+	}
+	data, err := doc()
+	if err != nil {
+		return nil, 0, errnoOf(err)
+	}
+	return &snapshot{data: data}, fuse.FOPEN_DIRECT_IO, 0
+}
+
+// jsonDoc is v as indented JSON and a newline.
+func jsonDoc(v any) []byte {
+	data, _ := json.MarshalIndent(v, "", "  ")
+	return append(data, '\n')
+}
+
+// queueStatsNode is QUEUE/.stats: the queue's counters and gauges
+// (queuecore.QueueStats) as JSON.
+type queueStatsNode struct {
+	fs.Inode
+	readOnlyDoc
+	fsys  *FS
+	queue string
+}
+
+var _ = (fs.NodeGetattrer)((*queueStatsNode)(nil))
+
+func (n *queueStatsNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	fillPseudo(&out.Attr, n.fsys.queueIno(n.queue, kStats), n.fsys.uid, n.fsys.gid, false)
+	return 0
+}
+
+var _ = (fs.NodeOpener)((*queueStatsNode)(nil))
+
+func (n *queueStatsNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	return openDoc(flags, func() ([]byte, error) {
+		s, err := n.fsys.core.Stats(ctx, n.queue)
+		if err != nil {
+			return nil, err
+		}
+		return jsonDoc(s), nil
+	})
+}
+
+// rootStatsNode is MOUNT/.stats: the daemon's figures
+// (queuecore.DaemonStats) as JSON.
+type rootStatsNode struct {
+	fs.Inode
+	readOnlyDoc
+	fsys *FS
+}
+
+var _ = (fs.NodeGetattrer)((*rootStatsNode)(nil))
+
+func (n *rootStatsNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	fillPseudo(&out.Attr, inoRootStats, n.fsys.uid, n.fsys.gid, false)
+	return 0
+}
+
+var _ = (fs.NodeOpener)((*rootStatsNode)(nil))
+
+func (n *rootStatsNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	return openDoc(flags, func() ([]byte, error) {
+		d, err := n.fsys.core.DaemonStats(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return jsonDoc(d), nil
+	})
+}
+
+// metricsNode is MOUNT/.metrics: the daemon's figures and its memory in
+// the Prometheus text format (metrics.go).
+type metricsNode struct {
+	fs.Inode
+	readOnlyDoc
+	fsys *FS
+}
+
+var _ = (fs.NodeGetattrer)((*metricsNode)(nil))
+
+func (n *metricsNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	fillPseudo(&out.Attr, inoMetrics, n.fsys.uid, n.fsys.gid, false)
+	return 0
+}
+
+var _ = (fs.NodeOpener)((*metricsNode)(nil))
+
+func (n *metricsNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	return openDoc(flags, func() ([]byte, error) {
+		d, err := n.fsys.core.DaemonStats(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return n.fsys.appendMemoryMetrics(Metrics(d)), nil
+	})
 }
 
 // policyNode is QUEUE/.policy: read it for the policy in effect, write a

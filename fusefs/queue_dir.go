@@ -78,7 +78,7 @@ func (q *queueNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 	var k uint32
 	switch name {
 	case ".stats":
-		node, k = &statsNode{fsys: q.fsys, queue: q.queue}, kStats
+		node, k = &queueStatsNode{fsys: q.fsys, queue: q.queue}, kStats
 	case ".policy":
 		node, k = &policyNode{fsys: q.fsys, queue: q.queue}, kPolicy
 	case ".next":

@@ -30,13 +30,11 @@ func (r *rootNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 	}
 	switch name {
 	case ".stats":
-		n := &statsNode{fsys: r.fsys}
-		n.fill(&out.Attr, inoRootStats)
-		return r.NewInode(ctx, n, fs.StableAttr{Mode: syscall.S_IFREG, Ino: inoRootStats}), 0
+		fillPseudo(&out.Attr, inoRootStats, r.fsys.uid, r.fsys.gid, false)
+		return r.NewInode(ctx, &rootStatsNode{fsys: r.fsys}, fs.StableAttr{Mode: syscall.S_IFREG, Ino: inoRootStats}), 0
 	case ".metrics":
-		n := &statsNode{fsys: r.fsys, metrics: true}
-		n.fill(&out.Attr, inoMetrics)
-		return r.NewInode(ctx, n, fs.StableAttr{Mode: syscall.S_IFREG, Ino: inoMetrics}), 0
+		fillPseudo(&out.Attr, inoMetrics, r.fsys.uid, r.fsys.gid, false)
+		return r.NewInode(ctx, &metricsNode{fsys: r.fsys}, fs.StableAttr{Mode: syscall.S_IFREG, Ino: inoMetrics}), 0
 	}
 	if _, err := r.fsys.core.QueueInfo(name); err != nil {
 		return nil, errnoOf(err)
