@@ -613,7 +613,7 @@ func TestRetention(t *testing.T) {
 			}
 			e.clock.Advance(time.Second)
 		}
-		if !waitFor(func() bool { return e.stats("q").Archived == 3 }) {
+		if !testenv.RetryUntil(5*time.Second, func() bool { return e.stats("q").Archived == 3 }) {
 			t.Fatalf("archive holds %d, want 3 (maxMessages)", e.stats("q").Archived)
 		}
 		equalNames(t, "archive keeps the newest", e.names("q", queuecore.StateArchived), "m2", "m3", "m4")
@@ -622,26 +622,15 @@ func TestRetention(t *testing.T) {
 			t.Fatal(err)
 		}
 		e.clock.Advance(100 * time.Second)
-		if !waitFor(func() bool { return e.stats("q").Archived == 0 }) {
+		if !testenv.RetryUntil(5*time.Second, func() bool { return e.stats("q").Archived == 0 }) {
 			t.Fatal("archive retention did not run")
 		}
 		equal(t, "dlq before a day", e.stats("q").DLQ, int64(1))
 		e.clock.Advance(24 * time.Hour)
-		if !waitFor(func() bool { return e.stats("q").DLQ == 0 }) {
+		if !testenv.RetryUntil(5*time.Second, func() bool { return e.stats("q").DLQ == 0 }) {
 			t.Fatal("dlq retention did not run")
 		}
 	})
-}
-
-func waitFor(cond func() bool) bool {
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return true
-		}
-		time.Sleep(time.Millisecond)
-	}
-	return false
 }
 
 func TestLeasesSurviveRestart(t *testing.T) {
@@ -675,14 +664,14 @@ func TestSchedulerSleepsWhenNothingIsDue(t *testing.T) {
 		e.queue("q", `{"archive": {"enabled": false}}`)
 		e.publish("q", "m", "x")
 		mustLease(t, e, "m")
-		if !waitFor(func() bool { return e.clock.Pending() == 1 }) {
+		if !testenv.RetryUntil(5*time.Second, func() bool { return e.clock.Pending() == 1 }) {
 			t.Fatalf("%d timers armed for one lease, want 1", e.clock.Pending())
 		}
 		if err := e.core.Ack(e.ctx, "q", "m"); err != nil {
 			t.Fatal(err)
 		}
 		e.clock.Advance(31 * time.Second) // the old timer fires, finds nothing
-		if !waitFor(func() bool { return e.clock.Pending() == 0 }) {
+		if !testenv.RetryUntil(5*time.Second, func() bool { return e.clock.Pending() == 0 }) {
 			t.Fatalf("%d timers armed with nothing due, want 0", e.clock.Pending())
 		}
 	})
