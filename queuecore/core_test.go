@@ -251,7 +251,7 @@ func TestNextBlocksAndWakes(t *testing.T) {
 			}
 			got <- m
 		}()
-		time.Sleep(20 * time.Millisecond) // let it block
+		waitBlocked(t, e, "q")
 		e.publish("q", "wake", "x")
 		select {
 		case m := <-got:
@@ -268,11 +268,19 @@ func TestNextBlocksAndWakes(t *testing.T) {
 			_, err := e.core.Next(ctx, "q", "", false)
 			done <- err
 		}()
-		time.Sleep(20 * time.Millisecond)
+		waitBlocked(t, e, "q")
 		cancel()
 		wantErr(t, <-done, context.Canceled)
 		e.publish("q", "after", "x")
 		e.get("q", queuecore.StateReady, "after")
+	})
+}
+
+// waitBlocked waits until a Next call waits on queue.
+func waitBlocked(t *testing.T, e *env, queue string) {
+	t.Helper()
+	testenv.MustRetryUntil(t, 5*time.Second, "a Next call waiting on "+queue, func() bool {
+		return queuecore.Waiting(e.core, queue) > 0
 	})
 }
 
