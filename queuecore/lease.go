@@ -44,78 +44,117 @@ func (c *Core) Next(ctx context.Context, queueName, consumer string, nonblock bo
 	if err != nil {
 		return Message{}, err
 	}
+	pick, poll := c.pickLocal, time.Duration(0)
 	if c.shared != nil {
-		return c.nextShared(ctx, q, consumer, nonblock)
+		// Other daemons lease and publish too, and their commits do not
+		// wake this one: look again every sharedPoll as well.
+		pick, poll = c.pickShared, sharedPoll
 	}
 	for {
 		if err := ctx.Err(); err != nil {
 			return Message{}, err // a signal came with a wake-up: take no lease
 		}
-		q.mu.Lock()
-		if q.deleted {
-			q.mu.Unlock()
-			return Message{}, errQueueGone(q)
+		r, err := pick(ctx, q, consumer, nonblock)
+		if err != nil {
+			return Message{}, err
 		}
-		if c.closed.Load() {
-			q.mu.Unlock()
-			return Message{}, ErrClosed
-		}
-		wake := q.readyCh
-		var cand Message
-		found := false
-		var lerr error
-		if !q.policy.Paused {
-			lerr = c.store.List(ctx, queueName, StateReady, func(m Message) bool {
-				if _, busy := q.claims[claimKey{name: m.Name}]; busy {
-					return true
-				}
-				cand, found = m, true
-				return false
-			})
-		}
-		paused := q.policy.Paused
-		if found {
-			q.claims[claimKey{name: cand.Name}] = make(chan struct{})
-		} else if !nonblock && lerr == nil {
-			q.waiting++
-		}
-		p := q.policy
-		q.mu.Unlock()
-		if lerr != nil {
-			return Message{}, lerr
-		}
-		if found {
-			cl := []claim{liveClaim(q, cand.Name)}
-			var b batch
-			c.leaseOps(q, cand, &p, c.now(), consumer, &b)
-			err := c.commit(ctx, &b)
-			c.finish(cl, &b)
-			if err != nil {
-				return Message{}, fmt.Errorf("lease from %q: %w", queueName, err)
-			}
-			return b.ops[0].Msg, nil
+		if r.found {
+			return r.m, nil
 		}
 		if nonblock {
-			if paused {
+			if r.paused {
 				return Message{}, fmt.Errorf("queue %q: %w", queueName, ErrPaused)
 			}
 			return Message{}, fmt.Errorf("queue %q: %w", queueName, ErrEmpty)
 		}
-		var werr error
-		select {
-		case <-wake:
-		case <-ctx.Done():
-			werr = ctx.Err()
-		case <-c.done:
-			werr = ErrClosed
-		}
-		q.mu.Lock()
-		q.waiting--
-		q.mu.Unlock()
-		if werr != nil {
-			return Message{}, werr
+		if err := c.waitReady(ctx, q, r.wake, poll); err != nil {
+			return Message{}, err
 		}
 	}
+}
+
+// picked is one attempt of Next to lease a message. When it found none
+// and the caller is to wait (not nonblock), the caller is already counted
+// in q.waiting, so that no commit between the attempt and the wait misses
+// it, and wake is the channel that such a commit closes.
+type picked struct {
+	m      Message // the leased message, when found
+	found  bool
+	paused bool
+	wake   chan struct{}
+}
+
+// pickLocal is Next's attempt on a store of this daemon alone: the first
+// ready message in delivery order that no operation has claimed, leased.
+func (c *Core) pickLocal(ctx context.Context, q *queue, consumer string, nonblock bool) (picked, error) {
+	q.mu.Lock()
+	if q.deleted {
+		q.mu.Unlock()
+		return picked{}, errQueueGone(q)
+	}
+	if c.closed.Load() {
+		q.mu.Unlock()
+		return picked{}, ErrClosed
+	}
+	r := picked{wake: q.readyCh, paused: q.policy.Paused}
+	var lerr error
+	if !r.paused {
+		lerr = c.store.List(ctx, q.name, StateReady, func(m Message) bool {
+			if _, busy := q.claims[claimKey{name: m.Name}]; busy {
+				return true
+			}
+			r.m, r.found = m, true
+			return false
+		})
+	}
+	if r.found {
+		q.claims[claimKey{name: r.m.Name}] = make(chan struct{})
+	} else if !nonblock && lerr == nil {
+		q.waiting++
+	}
+	p := q.policy
+	q.mu.Unlock()
+	if lerr != nil {
+		return picked{}, lerr
+	}
+	if !r.found {
+		return r, nil
+	}
+	cl := []claim{liveClaim(q, r.m.Name)}
+	var b batch
+	c.leaseOps(q, r.m, &p, c.now(), consumer, &b)
+	err := c.commit(ctx, &b)
+	c.finish(cl, &b)
+	if err != nil {
+		return picked{}, fmt.Errorf("lease from %q: %w", q.name, err)
+	}
+	r.m = b.ops[0].Msg
+	return r, nil
+}
+
+// waitReady is Next's wait, counted in q.waiting by the attempt before
+// it: until wake is closed, poll passes (when not zero), ctx is done or
+// the core closes. Then the caller is no longer counted.
+func (c *Core) waitReady(ctx context.Context, q *queue, wake chan struct{}, poll time.Duration) error {
+	var tick <-chan time.Time
+	if poll > 0 {
+		t := time.NewTimer(poll)
+		defer t.Stop()
+		tick = t.C
+	}
+	var werr error
+	select {
+	case <-wake:
+	case <-tick:
+	case <-ctx.Done():
+		werr = ctx.Err()
+	case <-c.done:
+		werr = ErrClosed
+	}
+	q.mu.Lock()
+	q.waiting--
+	q.mu.Unlock()
+	return werr
 }
 
 // Extend moves a lease's deadline (touch): to now + visibility timeout when
