@@ -84,17 +84,25 @@ type picked struct {
 	wake   chan struct{}
 }
 
+// nextRefused is why Next cannot go on in q, if it cannot: the queue is
+// gone or the core closed. q.mu is held.
+func (c *Core) nextRefused(q *queue) error {
+	if q.deleted {
+		return errQueueGone(q)
+	}
+	if c.closed.Load() {
+		return ErrClosed
+	}
+	return nil
+}
+
 // pickLocal is Next's attempt on a store of this daemon alone: the first
 // ready message in delivery order that no operation has claimed, leased.
 func (c *Core) pickLocal(ctx context.Context, q *queue, consumer string, nonblock bool) (picked, error) {
 	q.mu.Lock()
-	if q.deleted {
+	if err := c.nextRefused(q); err != nil {
 		q.mu.Unlock()
-		return picked{}, errQueueGone(q)
-	}
-	if c.closed.Load() {
-		q.mu.Unlock()
-		return picked{}, ErrClosed
+		return picked{}, err
 	}
 	r := picked{wake: q.readyCh, paused: q.policy.Paused}
 	var lerr error

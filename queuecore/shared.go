@@ -262,13 +262,9 @@ func (c *Core) forceCounts() {
 // daemon has an operation on are skipped.
 func (c *Core) pickShared(ctx context.Context, q *queue, consumer string, nonblock bool) (picked, error) {
 	q.mu.Lock()
-	if q.deleted {
+	if err := c.nextRefused(q); err != nil {
 		q.mu.Unlock()
-		return picked{}, errQueueGone(q)
-	}
-	if c.closed.Load() {
-		q.mu.Unlock()
-		return picked{}, ErrClosed
+		return picked{}, err
 	}
 	r := picked{wake: q.readyCh, paused: q.policy.Paused}
 	p := q.policy
