@@ -83,11 +83,10 @@ func (c *Core) publish(ctx context.Context, q *queue, name string, body []byte, 
 
 	m, vmsg := c.newPublished(q, name, chk, verr, o, dedupKey, now)
 
-	release, err := c.reserveReady(ctx, q, name, claims, &p, m.State == StateReady)
-	if err != nil {
+	if err := c.reserveReady(ctx, q, name, claims, &p, m.State == StateReady); err != nil {
 		return PublishResult{}, err
 	}
-	defer release()
+	defer unreserveReady(claims)
 	if c.space != nil {
 		if err := c.space.admit(int64(len(chk.body)) * int64(1+len(fan))); err != nil {
 			return PublishResult{}, fmt.Errorf("publish %s/%s: %w", q.name, name, err)
@@ -213,13 +212,13 @@ func (c *Core) newPublished(q *queue, name string, chk checked, verr error, o Pu
 // reserveReady is the backpressure step: a message bound for inbox/ is
 // counted against ready messages plus publishes under way, in every
 // claimed queue. On success each claimed queue counts one more publish
-// under way until release is called.
-func (c *Core) reserveReady(ctx context.Context, q *queue, name string, claims []claim, p *Policy, toReady bool) (release func(), err error) {
+// under way until unreserveReady.
+func (c *Core) reserveReady(ctx context.Context, q *queue, name string, claims []claim, p *Policy, toReady bool) error {
 	if toReady && c.shared != nil && p.MaxReady > 0 {
 		// Other daemons lease and publish too: go by the store's count
 		// (at most countsTTL old), not by this daemon's own moves.
 		if err := c.refreshCounts(ctx); err != nil {
-			return nil, fmt.Errorf("publish %s/%s: %w", q.name, name, err)
+			return fmt.Errorf("publish %s/%s: %w", q.name, name, err)
 		}
 	}
 	for _, cl := range claims {
@@ -228,7 +227,7 @@ func (c *Core) reserveReady(ctx context.Context, q *queue, name string, claims [
 		limit := cq.policy.MaxReady
 		if toReady && limit > 0 && cq.gauges[StateReady].N+cq.inserting >= limit {
 			cq.mu.Unlock()
-			return nil, fmt.Errorf("queue %q: %w (%d)", cq.name, ErrQueueFull, limit)
+			return fmt.Errorf("queue %q: %w (%d)", cq.name, ErrQueueFull, limit)
 		}
 		cq.mu.Unlock()
 	}
@@ -237,13 +236,16 @@ func (c *Core) reserveReady(ctx context.Context, q *queue, name string, claims [
 		cl.q.inserting++
 		cl.q.mu.Unlock()
 	}
-	return func() {
-		for _, cl := range claims {
-			cl.q.mu.Lock()
-			cl.q.inserting--
-			cl.q.mu.Unlock()
-		}
-	}, nil
+	return nil
+}
+
+// unreserveReady ends the publishes under way that reserveReady counted.
+func unreserveReady(claims []claim) {
+	for _, cl := range claims {
+		cl.q.mu.Lock()
+		cl.q.inserting--
+		cl.q.mu.Unlock()
+	}
 }
 
 // insertPublished gives m its IDs (id when the caller reserved one) and
