@@ -8,7 +8,13 @@ import (
 	"yirangmq/queuecore"
 )
 
-// errnoOf is the one mapping from the core's errors to errnos.
+// errDraftsFull refuses a write past the bounds on uncommitted bytes
+// (Options.MaxDraftBytes, MaxDraftBytesPerUID): the mount's own quota,
+// not a queue's.
+var errDraftsFull = errors.New("too many uncommitted bytes")
+
+// errnoOf is the one mapping from the core's errors (and errDraftsFull) to
+// errnos.
 func errnoOf(err error) syscall.Errno {
 	if err == nil {
 		return 0
@@ -17,7 +23,7 @@ func errnoOf(err error) syscall.Errno {
 	var ve *queuecore.ValidationError
 	var errno syscall.Errno
 	switch {
-	case errors.As(err, &ie), errors.As(err, &ve):
+	case errors.As(err, &ie), errors.As(err, &ve), errors.Is(err, queuecore.ErrInvalidName):
 		return syscall.EINVAL
 	case errors.Is(err, queuecore.ErrNotFound):
 		return syscall.ENOENT
@@ -27,7 +33,7 @@ func errnoOf(err error) syscall.Errno {
 		return syscall.EPERM
 	case errors.Is(err, queuecore.ErrNotEmpty):
 		return syscall.ENOTEMPTY
-	case errors.Is(err, queuecore.ErrQueueFull):
+	case errors.Is(err, queuecore.ErrQueueFull), errors.Is(err, errDraftsFull):
 		return syscall.EDQUOT
 	case errors.Is(err, queuecore.ErrDiskLow):
 		// The device, not the queue, is full: ENOSPC, as a write to a
@@ -37,7 +43,7 @@ func errnoOf(err error) syscall.Errno {
 		return syscall.EFBIG
 	case errors.Is(err, queuecore.ErrPaused), errors.Is(err, queuecore.ErrEmpty):
 		return syscall.EAGAIN
-	case errors.Is(err, queuecore.ErrPolicyBroken):
+	case errors.Is(err, queuecore.ErrPolicyBroken), errors.Is(err, queuecore.ErrClosed):
 		return syscall.EIO
 	case errors.Is(err, queuecore.ErrLocked):
 		return syscall.EBUSY

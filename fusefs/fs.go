@@ -257,7 +257,7 @@ func (f *FS) sweepDrafts() {
 			}
 		}
 		for _, k := range old {
-			f.log.Info("draft removed after its time to live", "queue", k.queue, "name", k.name)
+			f.log.Info("draft removed after its time to live", logQueue, k.queue, logName, k.name)
 		}
 	}
 }

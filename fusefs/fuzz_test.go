@@ -4,6 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -19,20 +24,16 @@ func FuzzErrnoOf(f *testing.F) {
 	f.Add(uint8(0), uint8(1), uint16(28))
 	f.Add(uint8(12), uint8(3), uint16(5))
 	f.Add(uint8(13), uint8(0), uint16(0))
-	causes := []struct {
+	type cause struct {
 		err  error
 		want syscall.Errno // 0: the errno of the fuzzed syscall.Errno
-	}{
-		{queuecore.ErrNotFound, syscall.ENOENT},
-		{queuecore.ErrExists, syscall.EEXIST},
-		{queuecore.ErrImmutable, syscall.EPERM},
-		{queuecore.ErrNotAllowed, syscall.EPERM},
-		{queuecore.ErrNotEmpty, syscall.ENOTEMPTY},
-		{queuecore.ErrQueueFull, syscall.EDQUOT},
-		{queuecore.ErrTooLarge, syscall.EFBIG},
-		{queuecore.ErrPaused, syscall.EAGAIN},
-		{queuecore.ErrEmpty, syscall.EAGAIN},
-		{queuecore.ErrLocked, syscall.EBUSY},
+	}
+	var causes []cause
+	for _, s := range coreSentinels() {
+		causes = append(causes, cause{s.err, s.want})
+	}
+	causes = append(causes, []cause{
+		{errDraftsFull, syscall.EDQUOT},
 		{&queuecore.InputError{Field: "name", Msg: "bad", Err: queuecore.ErrInvalidName}, syscall.EINVAL},
 		{&queuecore.ValidationError{Queue: "q", Name: "m", Reason: "not JSON", Kept: true}, syscall.EINVAL},
 		{context.Canceled, syscall.EINTR},
@@ -40,7 +41,7 @@ func FuzzErrnoOf(f *testing.F) {
 		{fmt.Errorf("dial unix /tmp/.s.PGSQL.5432: %w", syscall.ENOENT), syscall.EIO},
 		{nil, 0}, // a bare syscall.Errno
 		{errors.New("opaque"), syscall.EIO},
-	}
+	}...)
 	f.Fuzz(func(t *testing.T, which, depth uint8, errno uint16) {
 		c := causes[int(which)%len(causes)]
 		err := c.err
@@ -97,4 +98,101 @@ func FuzzNameTooLong(f *testing.F) {
 			t.Fatalf("a name of %d bytes passes Lookup but no message can have it", n)
 		}
 	})
+}
+
+// coreSentinels is every sentinel error of queuecore/errors.go, by name,
+// with the errno a mount answers for it.
+func coreSentinels() map[string]struct {
+	err  error
+	want syscall.Errno
+} {
+	return map[string]struct {
+		err  error
+		want syscall.Errno
+	}{
+		"ErrNotFound":     {queuecore.ErrNotFound, syscall.ENOENT},
+		"ErrExists":       {queuecore.ErrExists, syscall.EEXIST},
+		"ErrImmutable":    {queuecore.ErrImmutable, syscall.EPERM},
+		"ErrNotAllowed":   {queuecore.ErrNotAllowed, syscall.EPERM},
+		"ErrNotEmpty":     {queuecore.ErrNotEmpty, syscall.ENOTEMPTY},
+		"ErrQueueFull":    {queuecore.ErrQueueFull, syscall.EDQUOT},
+		"ErrTooLarge":     {queuecore.ErrTooLarge, syscall.EFBIG},
+		"ErrPaused":       {queuecore.ErrPaused, syscall.EAGAIN},
+		"ErrEmpty":        {queuecore.ErrEmpty, syscall.EAGAIN},
+		"ErrLocked":       {queuecore.ErrLocked, syscall.EBUSY},
+		"ErrClosed":       {queuecore.ErrClosed, syscall.EIO},
+		"ErrInvalidName":  {queuecore.ErrInvalidName, syscall.EINVAL},
+		"ErrDiskLow":      {queuecore.ErrDiskLow, syscall.ENOSPC},
+		"ErrPolicyBroken": {queuecore.ErrPolicyBroken, syscall.EIO},
+	}
+}
+
+// TestErrnoOfEverySentinel: each sentinel declared in queuecore/errors.go
+// is in coreSentinels (so FuzzErrnoOf wraps it), and errnoOf gives it the
+// errno that its declaration's comment names. A sentinel added to the core
+// without a row here fails this test.
+func TestErrnoOfEverySentinel(t *testing.T) {
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, filepath.Join("..", "queuecore", "errors.go"), nil, parser.ParseComments)
+	if err != nil {
+		t.Fatal(err)
+	}
+	known := coreSentinels()
+	seen := 0
+	for _, d := range f.Decls {
+		g, ok := d.(*ast.GenDecl)
+		if !ok || g.Tok != token.VAR {
+			continue
+		}
+		for _, spec := range g.Specs {
+			vs := spec.(*ast.ValueSpec)
+			for _, id := range vs.Names {
+				if !strings.HasPrefix(id.Name, "Err") {
+					continue
+				}
+				seen++
+				s, ok := known[id.Name]
+				if !ok {
+					t.Errorf("queuecore.%s has no row in coreSentinels", id.Name)
+					continue
+				}
+				if got := errnoOf(s.err); got != s.want {
+					t.Errorf("errnoOf(%s) = %v, want %v", id.Name, got, s.want)
+				}
+				if got := errnoOf(fmt.Errorf("wrapped: %w", s.err)); got != s.want {
+					t.Errorf("errnoOf(wrapped %s) = %v, want %v", id.Name, got, s.want)
+				}
+				if vs.Comment == nil {
+					t.Errorf("queuecore.%s: no errno in its comment", id.Name)
+					continue
+				}
+				doc := strings.Fields(vs.Comment.Text())
+				if len(doc) == 0 || strings.TrimRight(doc[0], ":,.") != errnoName(s.want) {
+					t.Errorf("queuecore.%s: its comment says %q, errnoOf gives %s", id.Name, vs.Comment.Text(), errnoName(s.want))
+				}
+			}
+		}
+	}
+	if seen != len(known) {
+		t.Errorf("errors.go declares %d sentinels, coreSentinels has %d", seen, len(known))
+	}
+}
+
+// errnoName is the C name of an errno (EPERM), as errors.go's comments
+// write it.
+func errnoName(e syscall.Errno) string {
+	for _, n := range []struct {
+		e syscall.Errno
+		s string
+	}{
+		{syscall.ENOENT, "ENOENT"}, {syscall.EEXIST, "EEXIST"}, {syscall.EPERM, "EPERM"},
+		{syscall.ENOTEMPTY, "ENOTEMPTY"}, {syscall.EDQUOT, "EDQUOT"}, {syscall.EFBIG, "EFBIG"},
+		{syscall.EAGAIN, "EAGAIN"}, {syscall.EBUSY, "EBUSY"}, {syscall.EIO, "EIO"},
+		{syscall.EINVAL, "EINVAL"}, {syscall.ENOSPC, "ENOSPC"},
+	} {
+		if n.e == e {
+			return n.s
+		}
+	}
+	return e.Error()
 }

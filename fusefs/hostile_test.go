@@ -467,7 +467,7 @@ func hostilePolicies(t *testing.T, d *testenv.Daemon) {
 		}
 	}
 	// The log reaches the test through a pipe: give the last lines time.
-	retryUntil(t, 5*time.Second, "a log line per rejected policy", func() bool {
+	testenv.MustRetryUntil(t, 5*time.Second, "a log line per rejected policy", func() bool {
 		return strings.Count(d.Log()[before:], "policy rejected") >= len(cases)-1
 	})
 	// Still writable with a good document.
@@ -614,7 +614,7 @@ func hostileNextReaders(t *testing.T, d *testenv.Daemon) {
 			}
 		}(i)
 	}
-	retryUntil(t, 20*time.Second, "readers past the cap refused", func() bool { return busy.Load() >= readers-maxReaders })
+	testenv.MustRetryUntil(t, 20*time.Second, "readers past the cap refused", func() bool { return busy.Load() >= readers-maxReaders })
 	// Give a wrong extra refusal the time to show.
 	time.Sleep(100 * time.Millisecond)
 	if got := busy.Load(); got != readers-maxReaders {
@@ -635,7 +635,7 @@ func hostileNextReaders(t *testing.T, d *testenv.Daemon) {
 			t.Fatalf("publish %s: %s %s %s", name, o, w, c)
 		}
 	}
-	retryUntil(t, 20*time.Second, "published messages delivered", func() bool { return finished.Load() >= readers-maxReaders+published })
+	testenv.MustRetryUntil(t, 20*time.Second, "published messages delivered", func() bool { return finished.Load() >= readers-maxReaders+published })
 	time.Sleep(100 * time.Millisecond)
 	if got := finished.Load(); got != readers-maxReaders+published {
 		t.Fatalf("%d readers returned after %d publishes, want %d", got, published, readers-maxReaders+published)
@@ -653,7 +653,7 @@ func hostileNextReaders(t *testing.T, d *testenv.Daemon) {
 
 	// Interrupt the rest: a signal to each blocked thread.
 	cancel.Store(true)
-	retryUntil(t, 30*time.Second, "blocked readers interrupted", func() bool {
+	testenv.MustRetryUntil(t, 30*time.Second, "blocked readers interrupted", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		for i, ok := range done {
@@ -774,17 +774,6 @@ func checkNothingOutside(t *testing.T, d *testenv.Daemon) {
 				t.Errorf("fs store queues/%s/%s holds %q, the mount lists %q", q, dir, onDisk, listed)
 			}
 		}
-	}
-}
-
-func retryUntil(t *testing.T, timeout time.Duration, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for: %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 

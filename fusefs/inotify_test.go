@@ -52,10 +52,7 @@ func TestInotifyEvents(t *testing.T) {
 		})
 		wantNames(t, "delayed/ after the nack", ls(t, filepath.Join(q, "delayed")), "job")
 		// The backoff ends: the message is ready again, and nothing says so.
-		deadline := time.Now().Add(10 * time.Second)
-		for len(ls(t, inbox)) == 0 && time.Now().Before(deadline) {
-			time.Sleep(100 * time.Millisecond)
-		}
+		testenv.RetryUntil(10*time.Second, func() bool { return len(ls(t, inbox)) != 0 })
 		wantNames(t, "inbox/ after the backoff", ls(t, inbox), "job")
 		if got := inotifyEvents(t, fd, 300*time.Millisecond); got != "" {
 			t.Errorf("end of a backoff: inotify events %q, want none", got)

@@ -165,7 +165,7 @@ func (f *FS) prune(root *fs.Inode) {
 			return
 		}
 		if errno != 0 {
-			f.log.Debug("prune notification failed", "err", errno, "nodes", len(nodes))
+			f.log.Debug("prune notification failed", logErr, errno, "nodes", len(nodes))
 		}
 		// At most one notification per pruneGap: inodes the kernel keeps
 		// (open files) come round again, and must not cost a notification

@@ -79,16 +79,12 @@ func TestNoPrunerKeepsMessageInodes(t *testing.T) {
 
 func waitInodes(t *testing.T, d *testenv.Daemon, limit int64) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		got := metric(t, d, "yirangmq_message_inodes")
-		if got <= limit {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("yirangmq_message_inodes = %d after 15 s, limit %d", got, limit)
-		}
-		time.Sleep(100 * time.Millisecond)
+	var got int64
+	if !testenv.RetryUntil(15*time.Second, func() bool {
+		got = metric(t, d, "yirangmq_message_inodes")
+		return got <= limit
+	}) {
+		t.Fatalf("yirangmq_message_inodes = %d after 15 s, limit %d", got, limit)
 	}
 }
 

@@ -157,7 +157,7 @@ func (n *msgNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32
 		size := int64(len(p.buf))
 		if !n.fsys.drafts.grow(&n.fsys.opts, uid, size) {
 			n.mu.Unlock()
-			n.fsys.log.Warn("open refused: too many uncommitted bytes (EDQUOT)", "queue", n.queue, "name", name, "uid", uid)
+			n.fsys.log.Warn("open refused: too many uncommitted bytes (EDQUOT)", logQueue, n.queue, logName, name, logUID, uid)
 			return nil, 0, syscall.EDQUOT
 		}
 		body := append([]byte(nil), p.buf...)
@@ -165,7 +165,7 @@ func (n *msgNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32
 		return &readHandle{body: body, uid: uid, held: size}, fuse.FOPEN_DIRECT_IO, 0
 	}
 	if writing {
-		n.fsys.log.Warn("open for writing refused: committed messages are immutable", "queue", n.queue, "name", name)
+		n.fsys.log.Warn("open for writing refused: committed messages are immutable", logQueue, n.queue, logName, name)
 		return nil, 0, syscall.EPERM
 	}
 	m, err := n.current(ctx)
@@ -209,9 +209,9 @@ func (n *msgNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAtt
 	p := n.pend
 	if p != nil {
 		if size, ok := in.GetSize(); ok {
-			if errno := n.resizeLocked(int64(size)); errno != 0 {
+			if err := n.resizeLocked(int64(size)); err != nil {
 				n.mu.Unlock()
-				return errno
+				return errnoOf(err)
 			}
 		}
 		if mtime, ok := in.GetMTime(); ok && in.Valid&fuse.FATTR_MTIME_NOW == 0 && !p.done {
@@ -224,8 +224,8 @@ func (n *msgNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAtt
 	n.mu.Unlock()
 	mtime, hasMtime := in.GetMTime()
 	if _, hasSize := in.GetSize(); hasSize {
-		n.fsys.log.Warn("truncate refused: committed messages are immutable", "queue", n.queue, "name", name)
-		return syscall.EPERM
+		n.fsys.log.Warn("truncate refused: committed messages are immutable", logQueue, n.queue, logName, name)
+		return errnoOf(queuecore.ErrImmutable)
 	}
 	m, err := n.current(ctx)
 	if err != nil {
@@ -234,8 +234,8 @@ func (n *msgNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAtt
 	uid, hasUID := in.GetUID()
 	gid, hasGID := in.GetGID()
 	if (hasUID && uid != m.UID) || (hasGID && gid != m.GID) {
-		n.fsys.log.Warn("chown refused: a message stays owned by its publisher", "queue", n.queue, "name", name)
-		return syscall.EPERM
+		n.fsys.log.Warn("chown refused: a message stays owned by its publisher", logQueue, n.queue, logName, name)
+		return errnoOf(queuecore.ErrImmutable)
 	}
 	if m.State == queuecore.StateLeased && (hasMtime || in.Valid&(fuse.FATTR_MTIME_NOW|fuse.FATTR_ATIME|fuse.FATTR_ATIME_NOW) != 0) {
 		var deadline time.Time // zero: now + visibility timeout
@@ -267,8 +267,8 @@ func (n *msgNode) Write(ctx context.Context, fh fs.FileHandle, data []byte, off 
 	}
 	end := off + int64(len(data))
 	if end > len64(p.buf) {
-		if errno := n.resizeLocked(end); errno != 0 {
-			return 0, errno
+		if err := n.resizeLocked(end); err != nil {
+			return 0, errnoOf(err)
 		}
 	}
 	copy(p.buf[off:], data)
@@ -281,19 +281,20 @@ func (n *msgNode) Write(ctx context.Context, fh fs.FileHandle, data []byte, off 
 func len64(b []byte) int64 { return int64(len(b)) }
 
 // resizeLocked grows or truncates the buffer of a file being written; past
-// the queue's maxMessageBytes it is EFBIG, at write(2) as docs/contract.md says.
-func (n *msgNode) resizeLocked(size int64) syscall.Errno {
+// the queue's maxMessageBytes it is ErrTooLarge (EFBIG at write(2), as
+// docs/contract.md says), past the draft bounds errDraftsFull (EDQUOT).
+func (n *msgNode) resizeLocked(size int64) error {
 	p := n.pend
 	if p.done {
-		return syscall.EPERM
+		return queuecore.ErrImmutable
 	}
 	if size > p.limit {
 		if !p.tooBig {
 			n.fsys.log.Warn("write refused: message larger than the queue's maxMessageBytes",
-				"queue", n.queue, "name", n.name, "limit", p.limit)
+				logQueue, n.queue, logName, n.name, "limit", p.limit)
 			p.tooBig = true
 		}
-		return syscall.EFBIG
+		return queuecore.ErrTooLarge
 	}
 	if size <= int64(cap(p.buf)) {
 		old := len(p.buf)
@@ -301,7 +302,7 @@ func (n *msgNode) resizeLocked(size int64) syscall.Errno {
 		if int(size) > old {
 			clear(p.buf[old:])
 		}
-		return 0
+		return nil
 	}
 	// Grow by doubling (within maxMessageBytes), or to exactly size when
 	// the draft bounds leave no room for more.
@@ -310,18 +311,18 @@ func (n *msgNode) resizeLocked(size int64) syscall.Errno {
 		newCap = size
 		if !n.fsys.drafts.grow(&n.fsys.opts, p.uid, newCap-p.held) {
 			if !p.quota {
-				n.fsys.log.Warn("write refused: too many uncommitted bytes (EDQUOT)", "queue", n.queue, "name", n.name, "uid", p.uid,
+				n.fsys.log.Warn("write refused: too many uncommitted bytes (EDQUOT)", logQueue, n.queue, logName, n.name, logUID, p.uid,
 					"max_total", n.fsys.opts.MaxDraftBytes, "max_per_uid", n.fsys.opts.MaxDraftBytesPerUID)
 				p.quota = true
 			}
-			return syscall.EDQUOT
+			return errDraftsFull
 		}
 	}
 	p.held = newCap
 	nb := make([]byte, size, newCap)
 	copy(nb, p.buf)
 	p.buf = nb
-	return 0
+	return nil
 }
 
 var _ = (fs.NodeFsyncer)((*msgNode)(nil))

@@ -338,7 +338,7 @@ func (m *multiUser) nextReaders(t *testing.T) {
 	d := m.d
 	mkq(t, d, "rq", "")
 	a := m.startReaders(t, nobody, 12, "open", "a")
-	retryUntil(t, 30*time.Second, "nobody's readers past 10 refused", func() bool { return m.countOut("a", "read=EBUSY") >= 2 })
+	testenv.MustRetryUntil(t, 30*time.Second, "nobody's readers past 10 refused", func() bool { return m.countOut("a", "read=EBUSY") >= 2 })
 	time.Sleep(200 * time.Millisecond)
 	if n := m.countOut("a", "read="); n != 2 {
 		t.Fatalf("%d of nobody's 12 readers returned, want the 2 past the per-uid cap", n)
@@ -346,7 +346,7 @@ func (m *multiUser) nextReaders(t *testing.T) {
 	// Root is not refused on the same queue nor on another.
 	wantOut(t, "root's .next on open", client(t, d.Mountpoint, "next-nonblock", "open/.next"), "open=OK\nread=EAGAIN")
 	b := m.startReaders(t, stranger, 12, "open", "b")
-	retryUntil(t, 30*time.Second, "the stranger's readers past 10 refused", func() bool { return m.countOut("b", "read=EBUSY") >= 2 })
+	testenv.MustRetryUntil(t, 30*time.Second, "the stranger's readers past 10 refused", func() bool { return m.countOut("b", "read=EBUSY") >= 2 })
 	// open has 20 blocked readers now: its cap.
 	wantOut(t, "root's .next on the full queue", client(t, d.Mountpoint, "next-nonblock", "open/.next"), "open=OK\nread=EBUSY")
 	testenv.MustSh(t, d.Mountpoint, `echo r > rq/inbox/r`)
@@ -358,7 +358,7 @@ func (m *multiUser) nextReaders(t *testing.T) {
 		syscall.Kill(-c.Process.Pid, syscall.SIGKILL)
 		c.Wait()
 	}
-	retryUntil(t, 30*time.Second, "reader slots freed", func() bool {
+	testenv.MustRetryUntil(t, 30*time.Second, "reader slots freed", func() bool {
 		return client(t, d.Mountpoint, "next-nonblock", "open/.next") == "open=OK\nread=EAGAIN"
 	})
 	wantNames(t, "open/processing", ls(t, d.Path("open", "processing")))
@@ -542,5 +542,5 @@ func checkPrivate(t *testing.T, d *testenv.Daemon, p string, fi fs.FileInfo, fil
 // wantLog waits for a line of the daemon's log (it comes through a pipe).
 func wantLog(t *testing.T, d *testenv.Daemon, text string) {
 	t.Helper()
-	retryUntil(t, 5*time.Second, "log line "+text, func() bool { return strings.Contains(d.Log(), text) })
+	testenv.MustRetryUntil(t, 5*time.Second, "log line "+text, func() bool { return strings.Contains(d.Log(), text) })
 }

@@ -1,5 +1,7 @@
 package fusefs
 
+import "yirangmq/queuecore"
+
 // maxNameLen is NAME_MAX: the longest file name a POSIX program expects
 // (and what Statfs reports as the mount's name length).
 //
@@ -9,7 +11,8 @@ package fusefs
 // every other Linux filesystem says ENAMETOOLONG. The kernel sends a
 // LOOKUP before every create, mkdir and rename onto a name it has not
 // cached, and never caches a failed lookup of this kind, so refusing the
-// name at Lookup gives ENAMETOOLONG for all of them.
-const maxNameLen = 255
+// name at Lookup gives ENAMETOOLONG for all of them. The core's longest
+// message name is the same NAME_MAX.
+const maxNameLen = queuecore.MaxMessageName
 
 func nameTooLong(name string) bool { return len(name) > maxNameLen }

@@ -71,7 +71,7 @@ func (n *msgNode) commit(ctx context.Context) syscall.Errno {
 		// message, so committing it would publish a half or empty message.
 		// Drop the file and fail the close too, for a producer that only
 		// checks close(2).
-		n.fsys.log.Warn("message dropped: a write went past maxMessageBytes", "queue", n.queue, "name", n.name, "limit", p.limit)
+		n.fsys.log.Warn("message dropped: a write went past maxMessageBytes", logQueue, n.queue, logName, n.name, "limit", p.limit)
 		n.release(p)
 		return syscall.EFBIG
 	}
@@ -81,13 +81,13 @@ func (n *msgNode) commit(ctx context.Context) syscall.Errno {
 	var ve *queuecore.ValidationError
 	switch {
 	case err == nil && res.Deduplicated:
-		n.fsys.log.Debug("duplicate dropped", "queue", n.queue, "name", n.name)
+		n.fsys.log.Debug("duplicate dropped", logQueue, n.queue, logName, n.name)
 	case err == nil:
 		n.pend = nil // from now on the node is the message
 	case errors.As(err, &ve) && ve.Kept:
 		n.pend = nil // the message lives on in dlq/; close(2) says EINVAL (the core logged why)
 	default:
-		n.fsys.log.Warn("publish failed", "queue", n.queue, "name", n.name, "err", err)
+		n.fsys.log.Warn("publish failed", logQueue, n.queue, logName, n.name, logErr, err)
 	}
 	if n.pend == nil || err == nil || !p.wasDraft {
 		// Published (or dropped as a duplicate): the store has it. Or

@@ -39,69 +39,124 @@ func (s *snapshot) read(dest []byte, off int64) (fuse.ReadResult, syscall.Errno)
 	return fuse.ReadResultData(s.data[off:min(off+int64(len(dest)), int64(len(s.data)))]), 0
 }
 
-// statsNode is QUEUE/.stats, MOUNT/.stats (queue == "") or MOUNT/.metrics.
-type statsNode struct {
-	fs.Inode
-	fsys    *FS
-	queue   string
-	metrics bool
-}
+// readOnlyDoc is what the read-only pseudo-files share: a document made
+// when the file is opened (a snapshot), read in pieces. Each of them is
+// its own node type, which embeds it for Read.
+type readOnlyDoc struct{}
 
-func (n *statsNode) fill(out *fuse.Attr, ino uint64) {
-	fillPseudo(out, ino, n.fsys.uid, n.fsys.gid, false)
-}
+var (
+	_ = (fs.NodeReader)((*queueStatsNode)(nil))
+	_ = (fs.NodeReader)((*rootStatsNode)(nil))
+	_ = (fs.NodeReader)((*metricsNode)(nil))
+)
 
-var _ = (fs.NodeGetattrer)((*statsNode)(nil))
-
-func (n *statsNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	ino := uint64(inoRootStats)
-	switch {
-	case n.metrics:
-		ino = inoMetrics
-	case n.queue != "":
-		ino = n.fsys.queueIno(n.queue, kStats)
-	}
-	n.fill(&out.Attr, ino)
-	return 0
-}
-
-var _ = (fs.NodeOpener)((*statsNode)(nil))
-
-func (n *statsNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
-		return nil, 0, syscall.EPERM
-	}
-	var data []byte
-	if n.queue != "" {
-		s, err := n.fsys.core.Stats(ctx, n.queue)
-		if err != nil {
-			return nil, 0, errnoOf(err)
-		}
-		data, _ = json.MarshalIndent(s, "", "  ")
-		data = append(data, '\n')
-	} else {
-		d, err := n.fsys.core.DaemonStats(ctx)
-		if err != nil {
-			return nil, 0, errnoOf(err)
-		}
-		if n.metrics {
-			data = n.fsys.appendMemoryMetrics(Metrics(d))
-		} else {
-			data, _ = json.MarshalIndent(d, "", "  ")
-			data = append(data, '\n')
-		}
-	}
-	return &snapshot{data: data}, fuse.FOPEN_DIRECT_IO, 0
-}
-
-var _ = (fs.NodeReader)((*statsNode)(nil))
-
-func (n *statsNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+func (readOnlyDoc) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	s, ok := fh.(*snapshot)
 	if !ok {
 		return nil, syscall.EBADF
 	}
 	return s.read(dest, off)
+}
+
+// openDoc opens a read-only pseudo-file on the document that doc makes;
+// opening it for writing is EPERM.
+func openDoc(flags uint32, doc func() ([]byte, error)) (fs.FileHandle, uint32, syscall.Errno) {
+	if flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		return nil, 0, syscall.EPERM
+	}
+	data, err := doc()
+	if err != nil {
+		return nil, 0, errnoOf(err)
+	}
+	return &snapshot{data: data}, fuse.FOPEN_DIRECT_IO, 0
+}
+
+// jsonDoc is v as indented JSON and a newline.
+func jsonDoc(v any) []byte {
+	data, _ := json.MarshalIndent(v, "", "  ")
+	return append(data, '\n')
+}
+
+// queueStatsNode is QUEUE/.stats: the queue's counters and gauges
+// (queuecore.QueueStats) as JSON.
+type queueStatsNode struct {
+	fs.Inode
+	readOnlyDoc
+	fsys  *FS
+	queue string
+}
+
+var _ = (fs.NodeGetattrer)((*queueStatsNode)(nil))
+
+func (n *queueStatsNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	fillPseudo(&out.Attr, n.fsys.queueIno(n.queue, kStats), n.fsys.uid, n.fsys.gid, false)
+	return 0
+}
+
+var _ = (fs.NodeOpener)((*queueStatsNode)(nil))
+
+func (n *queueStatsNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	return openDoc(flags, func() ([]byte, error) {
+		s, err := n.fsys.core.Stats(ctx, n.queue)
+		if err != nil {
+			return nil, err
+		}
+		return jsonDoc(s), nil
+	})
+}
+
+// rootStatsNode is MOUNT/.stats: the daemon's figures
+// (queuecore.DaemonStats) as JSON.
+type rootStatsNode struct {
+	fs.Inode
+	readOnlyDoc
+	fsys *FS
+}
+
+var _ = (fs.NodeGetattrer)((*rootStatsNode)(nil))
+
+func (n *rootStatsNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	fillPseudo(&out.Attr, inoRootStats, n.fsys.uid, n.fsys.gid, false)
+	return 0
+}
+
+var _ = (fs.NodeOpener)((*rootStatsNode)(nil))
+
+func (n *rootStatsNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	return openDoc(flags, func() ([]byte, error) {
+		d, err := n.fsys.core.DaemonStats(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return jsonDoc(d), nil
+	})
+}
+
+// metricsNode is MOUNT/.metrics: the daemon's figures and its memory in
+// the Prometheus text format (metrics.go).
+type metricsNode struct {
+	fs.Inode
+	readOnlyDoc
+	fsys *FS
+}
+
+var _ = (fs.NodeGetattrer)((*metricsNode)(nil))
+
+func (n *metricsNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	fillPseudo(&out.Attr, inoMetrics, n.fsys.uid, n.fsys.gid, false)
+	return 0
+}
+
+var _ = (fs.NodeOpener)((*metricsNode)(nil))
+
+func (n *metricsNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	return openDoc(flags, func() ([]byte, error) {
+		d, err := n.fsys.core.DaemonStats(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return n.fsys.appendMemoryMetrics(Metrics(d)), nil
+	})
 }
 
 // policyNode is QUEUE/.policy: read it for the policy in effect, write a
@@ -174,7 +229,7 @@ func (n *policyNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uin
 		// The policy in effect is a closed stand-in, not the owner's: a
 		// read-modify-write of it (yirangmq resume) must not reopen the
 		// queue on defaults. Writing a whole valid policy does.
-		n.fsys.log.Warn(".policy read refused: the stored policy cannot be loaded", "queue", n.queue, "err", why)
+		n.fsys.log.Warn(".policy read refused: the stored policy cannot be loaded", logQueue, n.queue, logErr, why)
 		return nil, 0, syscall.EIO
 	}
 	return &snapshot{data: p.JSON()}, fuse.FOPEN_DIRECT_IO, 0
@@ -228,7 +283,7 @@ func (n *policyNode) commit(ctx context.Context, w *policyWriter) syscall.Errno 
 	if w.tooBig {
 		// What fitted before the EFBIG is not the writer's document, even
 		// when it parses (a valid object followed by a megabyte of spaces).
-		n.fsys.log.Warn("policy rejected: document larger than the limit", "queue", n.queue, "limit", maxPolicyWrite)
+		n.fsys.log.Warn("policy rejected: document larger than the limit", logQueue, n.queue, "limit", maxPolicyWrite)
 		return syscall.EINVAL
 	}
 	if errno := n.checkFanout(w); errno != 0 {
@@ -237,7 +292,7 @@ func (n *policyNode) commit(ctx context.Context, w *policyWriter) syscall.Errno 
 	if err := n.fsys.core.SetPolicy(ctx, n.queue, w.buf); err != nil {
 		return errnoOf(err) // the core logged why
 	}
-	n.fsys.log.Info("policy replaced", "queue", n.queue)
+	n.fsys.log.Info("policy replaced", logQueue, n.queue)
 	return 0
 }
 
@@ -259,7 +314,7 @@ func (n *policyNode) checkFanout(w *policyWriter) syscall.Errno {
 			continue // no such queue: SetPolicy says so
 		}
 		if !w.creds.may(info.UID, info.GID, info.Mode, mayWrite|mayExec) {
-			n.fsys.log.Warn("policy rejected: fanout to a queue its writer may not publish to", "queue", n.queue, "fanout", target, "uid", w.creds.uid)
+			n.fsys.log.Warn("policy rejected: fanout to a queue its writer may not publish to", logQueue, n.queue, "fanout", target, logUID, w.creds.uid)
 			return syscall.EACCES
 		}
 	}
@@ -336,7 +391,7 @@ func (n *nextNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 		return nil, 0, errnoOf(err)
 	}
 	if c := callerCreds(ctx); !c.may(info.UID, info.GID, info.Mode, mayWrite|mayExec) {
-		n.fsys.log.Warn(".next refused: leasing needs write permission on the queue", "queue", n.queue, "uid", c.uid)
+		n.fsys.log.Warn(".next refused: leasing needs write permission on the queue", logQueue, n.queue, logUID, c.uid)
 		return nil, 0, syscall.EACCES
 	}
 	return &nextHandle{nonblock: flags&syscall.O_NONBLOCK != 0}, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NONSEEKABLE, 0
@@ -354,7 +409,7 @@ func (n *nextNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off 
 	if !h.leased {
 		uid, _, _ := caller(ctx)
 		if why := n.fsys.readers.enter(&n.fsys.opts, uid, n.queue); why != "" {
-			n.fsys.log.Warn(".next refused: too many blocked readers "+why, "queue", n.queue, "uid", uid)
+			n.fsys.log.Warn(".next refused: too many blocked readers "+why, logQueue, n.queue, logUID, uid)
 			return nil, syscall.EBUSY
 		}
 		m, err := n.fsys.core.Next(ctx, n.queue, n.fsys.consumer(ctx), h.nonblock)

@@ -78,7 +78,7 @@ func (q *queueNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 	var k uint32
 	switch name {
 	case ".stats":
-		node, k = &statsNode{fsys: q.fsys, queue: q.queue}, kStats
+		node, k = &queueStatsNode{fsys: q.fsys, queue: q.queue}, kStats
 	case ".policy":
 		node, k = &policyNode{fsys: q.fsys, queue: q.queue}, kPolicy
 	case ".next":
@@ -145,7 +145,7 @@ func (q *queueNode) Unlink(ctx context.Context, name string) syscall.Errno {
 var _ = (fs.NodeCreater)((*queueNode)(nil))
 
 func (q *queueNode) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
-	q.fsys.log.Warn("create refused: messages are created in inbox/", "queue", q.queue, "name", name)
+	q.fsys.log.Warn("create refused: messages are created in inbox/", logQueue, q.queue, logName, name)
 	return nil, nil, 0, syscall.EPERM
 }
 

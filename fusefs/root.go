@@ -30,13 +30,11 @@ func (r *rootNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 	}
 	switch name {
 	case ".stats":
-		n := &statsNode{fsys: r.fsys}
-		n.fill(&out.Attr, inoRootStats)
-		return r.NewInode(ctx, n, fs.StableAttr{Mode: syscall.S_IFREG, Ino: inoRootStats}), 0
+		fillPseudo(&out.Attr, inoRootStats, r.fsys.uid, r.fsys.gid, false)
+		return r.NewInode(ctx, &rootStatsNode{fsys: r.fsys}, fs.StableAttr{Mode: syscall.S_IFREG, Ino: inoRootStats}), 0
 	case ".metrics":
-		n := &statsNode{fsys: r.fsys, metrics: true}
-		n.fill(&out.Attr, inoMetrics)
-		return r.NewInode(ctx, n, fs.StableAttr{Mode: syscall.S_IFREG, Ino: inoMetrics}), 0
+		fillPseudo(&out.Attr, inoMetrics, r.fsys.uid, r.fsys.gid, false)
+		return r.NewInode(ctx, &metricsNode{fsys: r.fsys}, fs.StableAttr{Mode: syscall.S_IFREG, Ino: inoMetrics}), 0
 	}
 	if _, err := r.fsys.core.QueueInfo(name); err != nil {
 		return nil, errnoOf(err)
@@ -73,7 +71,7 @@ var _ = (fs.NodeMkdirer)((*rootNode)(nil))
 func (r *rootNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	uid, gid, _ := caller(ctx)
 	if err := r.fsys.core.CreateQueue(ctx, name, uid, gid, mode&0o7777); err != nil {
-		r.fsys.log.Warn("mkdir refused", "name", name, "err", err)
+		r.fsys.log.Warn("mkdir refused", logName, name, logErr, err)
 		return nil, errnoOf(err)
 	}
 	return r.queueInode(ctx, name, out)
@@ -92,7 +90,7 @@ func (r *rootNode) Rmdir(ctx context.Context, name string) syscall.Errno {
 var _ = (fs.NodeCreater)((*rootNode)(nil))
 
 func (r *rootNode) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
-	r.fsys.log.Warn("create refused: only queue directories live at the top of a mount", "name", name)
+	r.fsys.log.Warn("create refused: only queue directories live at the top of a mount", logName, name)
 	return nil, nil, 0, syscall.EPERM
 }
 

@@ -100,7 +100,7 @@ var _ = (fs.NodeCreater)((*stateDir)(nil))
 // inbox/. It is committed at close; see pending.go.
 func (d *stateDir) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
 	if d.state != queuecore.StateReady {
-		d.fsys.log.Warn("create refused: messages are published in inbox/", "queue", d.queue, "dir", d.state.Dir(), "name", name)
+		d.fsys.log.Warn("create refused: messages are published in inbox/", logQueue, d.queue, "dir", d.state.Dir(), logName, name)
 		return nil, nil, 0, syscall.EPERM
 	}
 	draft := strings.HasPrefix(name, ".")
@@ -112,12 +112,12 @@ func (d *stateDir) Create(ctx context.Context, name string, flags uint32, mode u
 		}
 	}
 	if err := queuecore.CheckMessageName(check); err != nil {
-		d.fsys.log.Warn("create refused", "queue", d.queue, "name", name, "err", err)
+		d.fsys.log.Warn("create refused", logQueue, d.queue, logName, name, logErr, err)
 		return nil, nil, 0, errnoOf(err)
 	}
 	if !draft {
 		if err := d.fsys.core.CheckPublish(ctx, d.queue, name); err != nil {
-			d.fsys.log.Info("create refused", "queue", d.queue, "name", name, "err", err)
+			d.fsys.log.Info("create refused", logQueue, d.queue, logName, name, logErr, err)
 			return nil, nil, 0, errnoOf(err)
 		}
 	}
@@ -195,17 +195,17 @@ func (d *stateDir) Rename(ctx context.Context, name string, newParent fs.InodeEm
 		return d.renameReady(ctx, name, newName)
 	}
 	if newName != name {
-		d.fsys.log.Warn("rename refused: a message keeps its name", "queue", d.queue, "name", name, "new", newName)
+		d.fsys.log.Warn("rename refused: a message keeps its name", logQueue, d.queue, logName, name, "new", newName)
 		return syscall.EPERM
 	}
 	leaser := ""
 	if to.state == queuecore.StateLeased {
 		leaser = d.fsys.consumer(ctx)
 	}
-	m, err := d.fsys.core.Move(ctx, d.queue, d.state, name, to.queue, to.state, leaser)
+	m, err := d.fsys.core.Move(ctx, queuecore.MoveRequest{Queue: d.queue, From: d.state, Name: name, ToQueue: to.queue, To: to.state, Consumer: leaser})
 	if err != nil {
 		if errors.Is(err, queuecore.ErrNotAllowed) {
-			d.fsys.log.Warn("rename refused", "queue", d.queue, "from", d.state.Dir(), "to", to.queue+"/"+to.state.Dir(), "name", name)
+			d.fsys.log.Warn("rename refused", logQueue, d.queue, "from", d.state.Dir(), "to", to.queue+"/"+to.state.Dir(), logName, name)
 		}
 		return errnoOf(err)
 	}
@@ -237,7 +237,7 @@ func (d *stateDir) Rename(ctx context.Context, name string, newParent fs.InodeEm
 // first wins: the rename is ENOENT and the message is delivered once.
 func (d *stateDir) renameReady(ctx context.Context, name, newName string) syscall.Errno {
 	if strings.HasPrefix(newName, ".") {
-		d.fsys.log.Warn("rename refused: a message cannot become a draft", "queue", d.queue, "name", name, "new", newName)
+		d.fsys.log.Warn("rename refused: a message cannot become a draft", logQueue, d.queue, logName, name, "new", newName)
 		return syscall.EPERM
 	}
 	if d.fsys.pendingFile(d.queue, newName) != nil {
@@ -245,7 +245,7 @@ func (d *stateDir) renameReady(ctx context.Context, name, newName string) syscal
 	}
 	m, err := d.fsys.core.Rename(ctx, d.queue, name, newName)
 	if err != nil {
-		d.fsys.log.Info("rename refused", "queue", d.queue, "name", name, "new", newName, "err", err)
+		d.fsys.log.Info("rename refused", logQueue, d.queue, logName, name, "new", newName, logErr, err)
 		return errnoOf(err)
 	}
 	// The kernel moves its dentry and inode to newName once this returns;
@@ -268,7 +268,7 @@ func (d *stateDir) renamePending(ctx context.Context, p *msgNode, name string, t
 	}
 	if strings.HasPrefix(newName, ".") {
 		d.fsys.log.Warn("rename refused: a file being written cannot become a draft",
-			"queue", d.queue, "name", name, "to", to.queue+"/"+to.state.Dir()+"/"+newName)
+			logQueue, d.queue, logName, name, "to", to.queue+"/"+to.state.Dir()+"/"+newName)
 		return syscall.EPERM
 	}
 	if newName == name {
@@ -301,7 +301,7 @@ func (d *stateDir) renamePending(ctx context.Context, p *msgNode, name string, t
 func (d *stateDir) commitDraft(ctx context.Context, name string, to *stateDir, newName string) syscall.Errno {
 	if to.queue != d.queue || to.state != queuecore.StateReady || strings.HasPrefix(newName, ".") {
 		d.fsys.log.Warn("rename refused: a draft is committed by renaming it to a name without the leading dot in the same inbox/",
-			"queue", d.queue, "name", name, "to", to.queue+"/"+to.state.Dir()+"/"+newName)
+			logQueue, d.queue, logName, name, "to", to.queue+"/"+to.state.Dir()+"/"+newName)
 		return syscall.EPERM
 	}
 	p := d.fsys.pendingFile(d.queue, name)
@@ -379,7 +379,7 @@ func (d *stateDir) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAt
 	uid, hasUID := in.GetUID()
 	gid, hasGID := in.GetGID()
 	if (hasUID && uid != info.UID) || (hasGID && gid != info.GID) {
-		d.fsys.log.Warn("chown refused: state directories follow their queue", "queue", d.queue, "dir", d.state.Dir())
+		d.fsys.log.Warn("chown refused: state directories follow their queue", logQueue, d.queue, "dir", d.state.Dir())
 		return syscall.EPERM
 	}
 	return d.Getattr(ctx, fh, out)

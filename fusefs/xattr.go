@@ -145,7 +145,7 @@ func (n *msgNode) Setxattr(ctx context.Context, attr string, data []byte, flags 
 		return syscall.ENOTSUP
 	}
 	if !settable[key] {
-		n.fsys.log.Warn("setxattr refused", "queue", n.queue, "attr", attr)
+		n.fsys.log.Warn("setxattr refused", logQueue, n.queue, "attr", attr)
 		if knownXattr[key] {
 			return syscall.EPERM
 		}
@@ -162,7 +162,7 @@ func (n *msgNode) Setxattr(ctx context.Context, attr string, data []byte, flags 
 		case "delay_sec":
 			s, err := strconv.ParseFloat(value, 64)
 			if err != nil || s < 0 || s > 7*24*3600 {
-				n.fsys.log.Warn("setxattr refused: delay_sec must be 0 to 604800 seconds", "queue", n.queue, "value", value)
+				n.fsys.log.Warn("setxattr refused: delay_sec must be 0 to 604800 seconds", logQueue, n.queue, "value", value)
 				return syscall.EINVAL
 			}
 			p.delay = time.Duration(s * float64(time.Second))

@@ -172,7 +172,7 @@ func TestMoveTable(t *testing.T) {
 				}
 			}
 			e.get("q", r.from, name)
-			_, err := e.core.Move(e.ctx, "q", r.from, name, "q", r.to, "")
+			_, err := e.core.Move(e.ctx, queuecore.MoveRequest{Queue: "q", From: r.from, Name: name, ToQueue: "q", To: r.to})
 			if !errors.Is(err, r.err) || (r.err == nil && err != nil) {
 				t.Errorf("%s -> %s: %v, want %v", r.from.Dir(), r.to.Dir(), err, r.err)
 				continue
@@ -185,7 +185,7 @@ func TestMoveTable(t *testing.T) {
 				e.get("q", want, name)
 			}
 			// Not where the caller says: ENOENT.
-			_, err = e.core.Move(e.ctx, "q", r.from, name+"-missing", "q", r.to, "")
+			_, err = e.core.Move(e.ctx, queuecore.MoveRequest{Queue: "q", From: r.from, Name: name + "-missing", ToQueue: "q", To: r.to})
 			if r.err == nil {
 				wantErr(t, err, queuecore.ErrNotFound)
 			}
@@ -251,7 +251,7 @@ func TestNextBlocksAndWakes(t *testing.T) {
 			}
 			got <- m
 		}()
-		time.Sleep(20 * time.Millisecond) // let it block
+		waitBlocked(t, e, "q")
 		e.publish("q", "wake", "x")
 		select {
 		case m := <-got:
@@ -268,11 +268,19 @@ func TestNextBlocksAndWakes(t *testing.T) {
 			_, err := e.core.Next(ctx, "q", "", false)
 			done <- err
 		}()
-		time.Sleep(20 * time.Millisecond)
+		waitBlocked(t, e, "q")
 		cancel()
 		wantErr(t, <-done, context.Canceled)
 		e.publish("q", "after", "x")
 		e.get("q", queuecore.StateReady, "after")
+	})
+}
+
+// waitBlocked waits until a Next call waits on queue.
+func waitBlocked(t *testing.T, e *env, queue string) {
+	t.Helper()
+	testenv.MustRetryUntil(t, 5*time.Second, "a Next call waiting on "+queue, func() bool {
+		return queuecore.Waiting(e.core, queue) > 0
 	})
 }
 
@@ -450,7 +458,7 @@ func TestForwardIsOneStep(t *testing.T) {
 		if _, err := e.core.Lease(e.ctx, "a", "m", ""); err != nil {
 			t.Fatal(err)
 		}
-		f, err := e.core.Move(e.ctx, "a", queuecore.StateLeased, "m", "b", queuecore.StateReady, "")
+		f, err := e.core.Move(e.ctx, queuecore.MoveRequest{Queue: "a", From: queuecore.StateLeased, Name: "m", ToQueue: "b", To: queuecore.StateReady})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -460,7 +468,7 @@ func TestForwardIsOneStep(t *testing.T) {
 		equal(t, "forwarded body", string(body), "payload")
 		// Only leased messages may be forwarded.
 		e.publish("a", "n", "x")
-		_, err = e.core.Move(e.ctx, "a", queuecore.StateReady, "n", "b", queuecore.StateReady, "")
+		_, err = e.core.Move(e.ctx, queuecore.MoveRequest{Queue: "a", From: queuecore.StateReady, Name: "n", ToQueue: "b", To: queuecore.StateReady})
 		wantErr(t, err, queuecore.ErrNotAllowed)
 		// A name live in the target: EEXIST, nothing moves.
 		e.publish("b", "n", "y")
@@ -613,7 +621,7 @@ func TestRetention(t *testing.T) {
 			}
 			e.clock.Advance(time.Second)
 		}
-		if !waitFor(func() bool { return e.stats("q").Archived == 3 }) {
+		if !testenv.RetryUntil(5*time.Second, func() bool { return e.stats("q").Archived == 3 }) {
 			t.Fatalf("archive holds %d, want 3 (maxMessages)", e.stats("q").Archived)
 		}
 		equalNames(t, "archive keeps the newest", e.names("q", queuecore.StateArchived), "m2", "m3", "m4")
@@ -622,26 +630,15 @@ func TestRetention(t *testing.T) {
 			t.Fatal(err)
 		}
 		e.clock.Advance(100 * time.Second)
-		if !waitFor(func() bool { return e.stats("q").Archived == 0 }) {
+		if !testenv.RetryUntil(5*time.Second, func() bool { return e.stats("q").Archived == 0 }) {
 			t.Fatal("archive retention did not run")
 		}
 		equal(t, "dlq before a day", e.stats("q").DLQ, int64(1))
 		e.clock.Advance(24 * time.Hour)
-		if !waitFor(func() bool { return e.stats("q").DLQ == 0 }) {
+		if !testenv.RetryUntil(5*time.Second, func() bool { return e.stats("q").DLQ == 0 }) {
 			t.Fatal("dlq retention did not run")
 		}
 	})
-}
-
-func waitFor(cond func() bool) bool {
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return true
-		}
-		time.Sleep(time.Millisecond)
-	}
-	return false
 }
 
 func TestLeasesSurviveRestart(t *testing.T) {
@@ -675,14 +672,14 @@ func TestSchedulerSleepsWhenNothingIsDue(t *testing.T) {
 		e.queue("q", `{"archive": {"enabled": false}}`)
 		e.publish("q", "m", "x")
 		mustLease(t, e, "m")
-		if !waitFor(func() bool { return e.clock.Pending() == 1 }) {
+		if !testenv.RetryUntil(5*time.Second, func() bool { return e.clock.Pending() == 1 }) {
 			t.Fatalf("%d timers armed for one lease, want 1", e.clock.Pending())
 		}
 		if err := e.core.Ack(e.ctx, "q", "m"); err != nil {
 			t.Fatal(err)
 		}
 		e.clock.Advance(31 * time.Second) // the old timer fires, finds nothing
-		if !waitFor(func() bool { return e.clock.Pending() == 0 }) {
+		if !testenv.RetryUntil(5*time.Second, func() bool { return e.clock.Pending() == 0 }) {
 			t.Fatalf("%d timers armed with nothing due, want 0", e.clock.Pending())
 		}
 	})

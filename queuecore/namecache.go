@@ -20,7 +20,8 @@ const nameCacheMax = 8192
 // core (applied calls wrote for each name a batch wrote, overwriting or
 // dropping its entry), and a read of the store is kept only if no commit
 // of the queue came between the read and its insertion (gen). A store that
-// other daemons share is not cached at all: Core.cached is nil then.
+// other daemons share is not cached at all: with Core.shared set,
+// lookupLive reads the store and the cache stays empty.
 //
 // When the cache holds every live name of its queue (complete: the queue
 // was small when the core opened it, or new, and no entry has had to go

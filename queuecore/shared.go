@@ -256,83 +256,56 @@ func (c *Core) forceCounts() {
 	c.countMu.Unlock()
 }
 
-// nextShared is Next on a shared store: the store picks and leases the
-// message in one transaction (FOR UPDATE SKIP LOCKED), so daemons on
-// several hosts never lease one message twice. A blocked caller waits for
-// a hint or a local commit, and looks again every sharedPoll regardless.
-func (c *Core) nextShared(ctx context.Context, q *queue, consumer string, nonblock bool) (Message, error) {
-	for {
-		if err := ctx.Err(); err != nil {
-			return Message{}, err
-		}
-		q.mu.Lock()
-		if q.deleted {
-			q.mu.Unlock()
-			return Message{}, errQueueGone(q)
-		}
-		if c.closed.Load() {
-			q.mu.Unlock()
-			return Message{}, ErrClosed
-		}
-		wake := q.readyCh
-		p := q.policy
-		var skip []string
-		for k := range q.claims {
-			if !k.archived {
-				skip = append(skip, k.name)
-			}
-		}
-		if !nonblock {
-			q.waiting++
-		}
+// pickShared is Next's attempt on a shared store: the store picks and
+// leases the message in one transaction (FOR UPDATE SKIP LOCKED), so
+// daemons on several hosts never lease one message twice. Names this
+// daemon has an operation on are skipped.
+func (c *Core) pickShared(ctx context.Context, q *queue, consumer string, nonblock bool) (picked, error) {
+	q.mu.Lock()
+	if err := c.nextRefused(q); err != nil {
 		q.mu.Unlock()
-		unwait := func() {
-			if !nonblock {
-				q.mu.Lock()
-				q.waiting--
-				q.mu.Unlock()
-			}
+		return picked{}, err
+	}
+	r := picked{wake: q.readyCh, paused: q.policy.Paused}
+	p := q.policy
+	var skip []string
+	for k := range q.claims {
+		if !k.archived {
+			skip = append(skip, k.name)
 		}
-		if !p.Paused {
-			var b batch
-			now := c.now()
-			m, err := c.shared.LeaseNext(context.WithoutCancel(ctx), q.name, skip, func(m Message) Message {
-				b = batch{}
-				c.leaseOps(q, m, &p, now, consumer, &b)
-				return b.ops[0].Msg
-			})
-			switch {
-			case err == nil:
-				unwait()
-				c.applied(&b)
-				c.finish(nil, &b)
-				return m, nil
-			case errors.Is(err, ErrEmpty):
-			default:
-				unwait()
-				return Message{}, fmt.Errorf("lease from %q: %w", q.name, err)
-			}
+	}
+	if !nonblock {
+		q.waiting++ // before the store is asked: a commit meanwhile wakes the wait
+	}
+	q.mu.Unlock()
+	unwait := func() {
+		if !nonblock {
+			q.mu.Lock()
+			q.waiting--
+			q.mu.Unlock()
 		}
-		if nonblock {
-			if p.Paused {
-				return Message{}, fmt.Errorf("queue %q: %w", q.name, ErrPaused)
-			}
-			return Message{}, fmt.Errorf("queue %q: %w", q.name, ErrEmpty)
-		}
-		t := time.NewTimer(sharedPoll)
-		var werr error
-		select {
-		case <-wake:
-		case <-t.C:
-		case <-ctx.Done():
-			werr = ctx.Err()
-		case <-c.done:
-			werr = ErrClosed
-		}
-		t.Stop()
+	}
+	if r.paused {
+		return r, nil
+	}
+	var b batch
+	now := c.now()
+	m, err := c.shared.LeaseNext(context.WithoutCancel(ctx), q.name, skip, func(m Message) Message {
+		b = batch{}
+		c.leaseOps(q, m, &p, now, consumer, &b)
+		return b.ops[0].Msg
+	})
+	switch {
+	case err == nil:
 		unwait()
-		if werr != nil {
-			return Message{}, werr
-		}
+		c.applied(&b)
+		c.finish(nil, &b)
+		r.m, r.found = m, true
+		return r, nil
+	case errors.Is(err, ErrEmpty):
+		return r, nil
+	default:
+		unwait()
+		return picked{}, fmt.Errorf("lease from %q: %w", q.name, err)
 	}
 }

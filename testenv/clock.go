@@ -7,6 +7,7 @@ package testenv
 import (
 	"sort"
 	"sync"
+	"testing"
 	"time"
 
 	"yirangmq/queuecore"
@@ -97,10 +98,14 @@ func (c *FakeClock) Pending() int {
 	return n
 }
 
-// RetryUntil polls cond every millisecond until it is true or timeout
-// passes; it reports whether cond became true.
+// RetryUntil polls cond until it is true or timeout passes; it reports
+// whether cond became true. It is the one polling loop of the tests. It
+// polls every millisecond at first and backs off to every 20 ms, so that
+// a condition that holds soon is seen at once and a long wait (a read of
+// the mount or of a log file each time) costs a loaded machine little.
 func RetryUntil(timeout time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(timeout)
+	interval := time.Millisecond
 	for {
 		if cond() {
 			return true
@@ -108,6 +113,16 @@ func RetryUntil(timeout time.Duration, cond func() bool) bool {
 		if time.Now().After(deadline) {
 			return false
 		}
-		time.Sleep(time.Millisecond)
+		time.Sleep(interval)
+		interval = min(2*interval, 20*time.Millisecond)
+	}
+}
+
+// MustRetryUntil is RetryUntil that fails the test, saying what it waited
+// for, when cond does not become true within timeout.
+func MustRetryUntil(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	if !RetryUntil(timeout, cond) {
+		t.Fatalf("timed out after %s waiting for: %s", timeout, what)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"yirangmq/backends"
 	"yirangmq/queuecore"
 )
 
@@ -128,7 +129,7 @@ func (s *Store) doCheckpoint(old *journal, img *snapshotImage) (count int, size 
 		return 0, 0, fmt.Errorf("remove old journal: %w", err)
 	}
 	if sync {
-		if err := syncDir(s.dir); err != nil {
+		if err := backends.SyncDir(s.dir); err != nil {
 			return 0, 0, err
 		}
 	}
@@ -164,7 +165,7 @@ func (s *Store) rotateLocked(curPath, oldPath string, sync bool) (*journal, *sna
 	}
 	if sync {
 		// The new journal's name must be durable before a commit in it is.
-		if err := syncDir(s.dir); err != nil {
+		if err := backends.SyncDir(s.dir); err != nil {
 			f.Close()
 			return nil, nil, err
 		}
@@ -204,7 +205,7 @@ func (s *Store) checkpointAtOpen() error {
 		if err := f.Sync(); err != nil {
 			return fmt.Errorf("fsync journal: %w", err)
 		}
-		if err := syncDir(s.dir); err != nil {
+		if err := backends.SyncDir(s.dir); err != nil {
 			return err
 		}
 	}

@@ -49,7 +49,7 @@ func (s *Store) Apply(ctx context.Context, ops []queuecore.Op) error {
 
 // PutQueue creates a queue or replaces its policy and permissions.
 func (s *Store) PutQueue(ctx context.Context, q queuecore.QueueInfo) error {
-	if err := checkQueueName(q.Name); err != nil {
+	if err := queuecore.CheckQueueName(q.Name); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {

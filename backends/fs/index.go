@@ -252,7 +252,7 @@ func (ix *index) checkPlace(m *queuecore.Message) (*queue, error) {
 	if !m.State.Valid() {
 		return nil, fmt.Errorf("message %d: state %d: %w", m.ID, m.State, errBadOp)
 	}
-	if err := checkMessageName(m.Name); err != nil {
+	if err := queuecore.CheckMessageName(m.Name); err != nil {
 		return nil, fmt.Errorf("message %d: %w", m.ID, err)
 	}
 	q := ix.queues[m.Queue]
@@ -319,29 +319,4 @@ func (ix *index) sortedQueues() []*queue {
 
 func sortQueues(qs []*queue) {
 	slices.SortFunc(qs, func(a, b *queue) int { return strings.Compare(a.name, b.name) })
-}
-
-// checkQueueName enforces the queue name rule of the spec: 1-128 of
-// [A-Za-z0-9._-], not starting with '.'. Queue names become directory names.
-func checkQueueName(name string) error {
-	if name == "" || len(name) > 128 || name[0] == '.' {
-		return fmt.Errorf("queue name %q: %w", name, queuecore.ErrInvalidName)
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
-			return fmt.Errorf("queue name %q: %w", name, queuecore.ErrInvalidName)
-		}
-	}
-	return nil
-}
-
-// checkMessageName: a message name becomes a file name, so it must be one:
-// 1-255 bytes, no '/' or NUL, and not starting with '.' (which also rules
-// out "." and ".." and keeps clear of the store's temp files).
-func checkMessageName(name string) error {
-	if name == "" || len(name) > 255 || name[0] == '.' || strings.ContainsAny(name, "/\x00") {
-		return fmt.Errorf("message name %q: %w", name, queuecore.ErrInvalidName)
-	}
-	return nil
 }

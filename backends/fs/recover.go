@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"yirangmq/backends"
 	"yirangmq/queuecore"
 )
 
@@ -99,10 +100,10 @@ func (s *Store) recover(ctx context.Context) error {
 	s.cur.Store(&journal{f: f})
 	if statErr != nil && s.opts.Sync != queuecore.SyncOff {
 		// A new store: its journal's name must be durable before a commit is.
-		if err := syncDir(s.dir); err != nil {
+		if err := backends.SyncDir(s.dir); err != nil {
 			return err
 		}
-		if err := syncDir(filepath.Dir(filepath.Clean(s.dir))); err != nil {
+		if err := backends.SyncDir(filepath.Dir(filepath.Clean(s.dir))); err != nil {
 			return err
 		}
 	}
@@ -167,7 +168,7 @@ func (s *Store) replayJournal(name string, rs *replayState) (nonEmpty bool, err 
 func (s *Store) replayRecord(rec *record, rs *replayState, file int, off int64) {
 	switch {
 	case rec.putQueue != nil:
-		if err := checkQueueName(rec.putQueue.Name); err != nil {
+		if err := queuecore.CheckQueueName(rec.putQueue.Name); err != nil {
 			s.log.Error("journal record does not apply; skipped", logLSN, rec.lsn, logErr, err)
 			rs.skipped++
 			return

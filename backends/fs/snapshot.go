@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/btree"
 
+	"yirangmq/backends"
 	"yirangmq/queuecore"
 )
 
@@ -181,7 +182,7 @@ func readSnapshot(dir string, ix *index) (snapshotState, error) {
 			return err
 		})
 		if err == nil {
-			err = checkQueueName(q.Name)
+			err = queuecore.CheckQueueName(q.Name)
 		}
 		if err != nil {
 			return st, fmt.Errorf("%w: queue line %d: %w", errBadSnapshot, lr.n, err)
@@ -298,7 +299,7 @@ func writeFileDurably(dir, name string, sync bool, write func(w io.Writer) error
 		return 0, err
 	}
 	if sync {
-		if err := syncDir(dir); err != nil {
+		if err := backends.SyncDir(dir); err != nil {
 			return 0, err
 		}
 	}
@@ -314,20 +315,4 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 	n, err := c.w.Write(p)
 	c.n += int64(n)
 	return n, err
-}
-
-// syncDir fsyncs a directory, making the names in it durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("fsync directory %s: %w", dir, err)
-	}
-	return nil
 }

@@ -7,25 +7,15 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"yirangmq/backends"
 	"yirangmq/queuecore"
 )
 
-// Times are stored as Unix nanoseconds, the zero time as 0, and come back
-// in the local zone: callers compare them with time.Equal.
+// Times are stored as backends.Nanos keeps them.
 
-func nanos(t time.Time) int64 {
-	if t.IsZero() {
-		return 0
-	}
-	return t.UnixNano()
-}
+func nanos(t time.Time) int64 { return backends.Nanos(t) }
 
-func fromNanos(n int64) time.Time {
-	if n == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, n)
-}
+func fromNanos(n int64) time.Time { return backends.FromNanos(n) }
 
 // msgCols are the columns scanMessage reads, in order.
 const msgCols = `id, queue, name, state, seq, priority, size, message_id,

@@ -8,26 +8,15 @@ import (
 
 	"github.com/mattn/go-sqlite3"
 
+	"yirangmq/backends"
 	"yirangmq/queuecore"
 )
 
-// Times are stored as Unix nanoseconds, the zero time as 0, and come back
-// in the local zone (as file times do in the fs store): callers compare
-// them with time.Equal.
+// Times are stored as backends.Nanos keeps them.
 
-func nanos(t time.Time) int64 {
-	if t.IsZero() {
-		return 0
-	}
-	return t.UnixNano()
-}
+func nanos(t time.Time) int64 { return backends.Nanos(t) }
 
-func fromNanos(n int64) time.Time {
-	if n == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, n)
-}
+func fromNanos(n int64) time.Time { return backends.FromNanos(n) }
 
 // newArgs returns n positional arguments, numbered from 1, to be reused by
 // one connection's statements.

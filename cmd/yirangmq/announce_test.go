@@ -55,7 +55,7 @@ func TestAnnounce(t *testing.T) {
 	t.Cleanup(func() { cmd.Process.Kill() })
 	// The backoff ends by itself: the helper must make inbox/ say so.
 	var got []string
-	retryUntil(t, 10*time.Second, "no event when the message became ready by itself", func() bool {
+	testenv.MustRetryUntil(t, 10*time.Second, "no event when the message became ready by itself", func() bool {
 		got = append(got, inotifyNames(fd)...)
 		return len(got) > 0
 	})

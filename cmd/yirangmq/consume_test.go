@@ -225,7 +225,7 @@ func TestConsumeSIGTERM(t *testing.T) {
 	t.Cleanup(func() { cmd.Process.Kill() })
 
 	name := publishN(t, d, "jobs", "work")[0]
-	retryUntil(t, 10*time.Second, "the handler never started", func() bool {
+	testenv.MustRetryUntil(t, 10*time.Second, "the handler never started", func() bool {
 		_, err := os.Stat(mark)
 		return err == nil
 	})
@@ -303,7 +303,7 @@ func TestConsumeSIGTERMReleases(t *testing.T) {
 	t.Cleanup(func() { cmd.Process.Kill() })
 
 	name := publishN(t, d, "jobs", "work")[0]
-	retryUntil(t, 10*time.Second, "the handler never started", func() bool {
+	testenv.MustRetryUntil(t, 10*time.Second, "the handler never started", func() bool {
 		_, err := os.Stat(mark)
 		return err == nil
 	})

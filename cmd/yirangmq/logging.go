@@ -30,6 +30,13 @@ const (
 	keySuppressed = "suppressed"
 )
 
+// Log keys of the daemon's own lines, named as the other packages name
+// them.
+const (
+	logErr        = "err"
+	logMountpoint = "mountpoint"
+)
+
 // throttleHandler rate-limits repeated failures: lines that carry an
 // error of a class that repeats for as long as its cause lasts (a full
 // disk, a failing device, a full queue), by kind: level, message and

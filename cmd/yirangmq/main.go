@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -75,7 +76,7 @@ func run(ctx context.Context, env *cliEnv, args []string) int {
 	for _, c := range commands() {
 		if c.name == args[0] {
 			if err := c.run(ctx, env, args[1:]); err != nil {
-				if err == errUsage {
+				if errors.Is(err, errUsage) {
 					return 2
 				}
 				fmt.Fprintf(env.stderr, "yirangmq %s: %v\n", c.name, err)

@@ -210,11 +210,11 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 		return err
 	}
 	defer fsys.Stop()
-	log.Info("mounted", "mountpoint", mountpoint, "backend", f.backend, "store", shown, "sync", f.sync, "allow_other", allowOther, "min_free", f.minFree, "pid", os.Getpid())
+	log.Info("mounted", logMountpoint, mountpoint, "backend", f.backend, "store", shown, "sync", f.sync, "allow_other", allowOther, "min_free", f.minFree, "pid", os.Getpid())
 	signalReady()
 	// systemd (Type=notify): ready only once the mount serves.
 	if _, err := sdnotify.SdNotify(false, sdnotify.SdNotifyReady+"\nSTATUS=serving "+mountpoint); err != nil {
-		log.Warn("tell systemd we are ready", "err", err)
+		log.Warn("tell systemd we are ready", logErr, err)
 	}
 
 	served := make(chan struct{})
@@ -227,7 +227,7 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 		_, _ = sdnotify.SdNotify(false, sdnotify.SdNotifyStopping)
 		log.Info("unmounting", "mountpoint", mountpoint)
 		if err := server.Unmount(); err != nil {
-			log.Warn("unmount failed, detaching lazily", "mountpoint", mountpoint, "err", err)
+			log.Warn("unmount failed, detaching lazily", logMountpoint, mountpoint, logErr, err)
 			_ = unix.Unmount(mountpoint, unix.MNT_DETACH)
 		}
 		<-served
@@ -367,7 +367,7 @@ func recoverMountpoint(mountpoint string, log *slog.Logger) (aborted bool, err e
 			return false, fmt.Errorf("%s is already a yirangmq mount (unmount it first)", mountpoint)
 		case errors.Is(err, unix.ENOTCONN):
 			err := unix.Unmount(mountpoint, unix.MNT_DETACH)
-			log.Warn("detached a dead mount left by a crashed daemon", "mountpoint", mountpoint, "err", err)
+			log.Warn("detached a dead mount left by a crashed daemon", logMountpoint, mountpoint, logErr, err)
 			return false, nil
 		}
 		return false, nil

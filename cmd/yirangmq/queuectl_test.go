@@ -93,18 +93,6 @@ func queueStats(t *testing.T, d *testenv.Daemon, queue string) queuecore.QueueSt
 	return s
 }
 
-// retryUntil polls f until it is true or the deadline passes.
-func retryUntil(t *testing.T, timeout time.Duration, what string, f func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !f() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func TestPauseResume(t *testing.T) {
 	d := startMount(t)
 	mkqueue(t, d, "jobs", `{"visibilityTimeoutSec": 7}`)

@@ -226,20 +226,6 @@ func timeOp(what string, f func() error) timed {
 	return timed{what, err, time.Since(start)}
 }
 
-// poll calls cond every interval until it is true or timeout passes.
-func poll(timeout, interval time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	for {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(interval)
-	}
-}
-
 // logTime is the time of the first line of log (text format) after offset
 // off whose message is msg, and whether there is one.
 func logTime(log string, off int, msg string) (time.Time, bool) {
@@ -472,7 +458,7 @@ func testNetworkSplit(t *testing.T, nsIndex int, hostSide bool) {
 	}
 	backInInbox := func(name string, within time.Duration) (time.Time, bool) {
 		var at time.Time
-		ok := poll(within, 20*time.Millisecond, func() bool {
+		ok := testenv.RetryUntil(within, func() bool {
 			_, err := os.Stat(a.Path("lease", "inbox", name))
 			at = time.Now()
 			return err == nil
@@ -485,7 +471,7 @@ func testNetworkSplit(t *testing.T, nsIndex int, hostSide bool) {
 	go func() {
 		defer aWG.Done()
 		var at time.Time
-		poll(splitTakeover+10*time.Second, 20*time.Millisecond, func() bool {
+		testenv.RetryUntil(splitTakeover+10*time.Second, func() bool {
 			select {
 			case <-stopA: // the test ended early
 				return true
@@ -500,7 +486,7 @@ func testNetworkSplit(t *testing.T, nsIndex int, hostSide bool) {
 	}()
 
 	var takeover time.Duration
-	if !poll(splitTakeover+5*time.Second, 50*time.Millisecond, func() bool {
+	if !testenv.RetryUntil(splitTakeover+5*time.Second, func() bool {
 		ok, err := duty(a)
 		takeover = time.Since(split)
 		return err == nil && ok
@@ -534,7 +520,7 @@ func testNetworkSplit(t *testing.T, nsIndex int, hostSide bool) {
 
 	// B's operations: wait for the ls and the consume, and for two
 	// publishes or more; then stop B's publisher.
-	if !poll(2*splitEIO+5*time.Second, 50*time.Millisecond, func() bool {
+	if !testenv.RetryUntil(2*splitEIO+5*time.Second, func() bool {
 		bMu.Lock()
 		defer bMu.Unlock()
 		pubs := 0
