@@ -1,11 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"os"
-	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 	"unsafe"
@@ -44,15 +41,7 @@ func TestAnnounce(t *testing.T) {
 	inotifyNames(fd) // the nack's own IN_MOVED_TO, and anything before
 	// The helper starts now, so that every event from here on is its own
 	// (the message may be ready before its first look: it is announced then).
-	cmd := exec.Command(testenv.Binary(t), "announce", "--mount", d.Mountpoint, "--queue", "jobs", "--interval", "100ms")
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() { cmd.Process.Kill() })
+	c := startChild(t, nil, "announce", "--mount", d.Mountpoint, "--queue", "jobs", "--interval", "100ms")
 	// The backoff ends by itself: the helper must make inbox/ say so.
 	var got []string
 	testenv.MustRetryUntil(t, 10*time.Second, "no event when the message became ready by itself", func() bool {
@@ -65,15 +54,7 @@ func TestAnnounce(t *testing.T) {
 	if v := xattr(t, msgPath(d, "jobs", "inbox", name), "attempts"); v != "1" {
 		t.Errorf("attempts %q, want 1 (the nack only)", v)
 	}
-	cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Errorf("announce exited with %v:\n%s", err, out.String())
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatalf("announce did not exit after SIGTERM")
-	}
+	c.stop(t)
 }
 
 // inotifyNames returns the events waiting on fd, as "KIND name".

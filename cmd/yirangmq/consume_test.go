@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"os/exec"
@@ -213,31 +212,14 @@ func TestConsumeSIGTERM(t *testing.T) {
 	mkqueue(t, d, "jobs", archivePolicy)
 	mark := filepath.Join(t.TempDir(), "mark")
 	handler := `trap 'touch "$MARK.term"' TERM; cat >/dev/null; touch "$MARK"; i=0; while [ $i -lt 10 ]; do sleep 0.1; i=$((i+1)); done; exit 0`
-	cmd := exec.Command(testenv.Binary(t), "consume", "--mount", d.Mountpoint, "--queue", "jobs", "--concurrency", "3", "--", "sh", "-c", handler)
-	cmd.Env = append(os.Environ(), "MARK="+mark)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() { cmd.Process.Kill() })
+	c := startChild(t, []string{"MARK=" + mark}, "consume", "--mount", d.Mountpoint, "--queue", "jobs", "--concurrency", "3", "--", "sh", "-c", handler)
 
 	name := publishN(t, d, "jobs", "work")[0]
 	testenv.MustRetryUntil(t, 10*time.Second, "the handler never started", func() bool {
 		_, err := os.Stat(mark)
 		return err == nil
 	})
-	cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Errorf("consume exited with %v:\n%s", err, out.String())
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatalf("consume did not exit after SIGTERM:\n%s", out.String())
-	}
+	c.stop(t)
 	if _, err := os.Stat(mark + ".term"); err != nil {
 		t.Errorf("the handler did not get SIGTERM: %v", err)
 	}
@@ -248,7 +230,7 @@ func TestConsumeSIGTERM(t *testing.T) {
 		t.Errorf("archive holds %q, want the finished message", got)
 	}
 	if s := queueStats(t, d, "jobs"); s.LeasedTotal != 1 {
-		t.Errorf("leased %d times, want 1:\n%s", s.LeasedTotal, out.String())
+		t.Errorf("leased %d times, want 1:\n%s", s.LeasedTotal, c.out.String())
 	}
 }
 
@@ -291,33 +273,16 @@ func TestConsumeSIGTERMReleases(t *testing.T) {
 	d := startMount(t)
 	mkqueue(t, d, "jobs", `{"retry": {"limit": 3, "backoff": "fixed", "initialDelaySec": 60, "maxDelaySec": 60}}`)
 	mark := filepath.Join(t.TempDir(), "mark")
-	cmd := exec.Command(testenv.Binary(t), "consume", "--mount", d.Mountpoint, "--queue", "jobs", "--", "sh", "-c", `cat >/dev/null; touch "$MARK"; sleep 30`)
-	cmd.Env = append(os.Environ(), "MARK="+mark)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() { cmd.Process.Kill() })
+	c := startChild(t, []string{"MARK=" + mark}, "consume", "--mount", d.Mountpoint, "--queue", "jobs", "--", "sh", "-c", `cat >/dev/null; touch "$MARK"; sleep 30`)
 
 	name := publishN(t, d, "jobs", "work")[0]
 	testenv.MustRetryUntil(t, 10*time.Second, "the handler never started", func() bool {
 		_, err := os.Stat(mark)
 		return err == nil
 	})
-	cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Errorf("consume exited with %v:\n%s", err, out.String())
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatalf("consume did not exit after SIGTERM:\n%s", out.String())
-	}
+	c.stop(t)
 	if got := names(t, d, "jobs", "inbox"); len(got) != 1 || got[0] != name {
-		t.Fatalf("inbox holds %q, want [%s] back at once:\n%s", got, name, out.String())
+		t.Fatalf("inbox holds %q, want [%s] back at once:\n%s", got, name, c.out.String())
 	}
 	p := msgPath(d, "jobs", "inbox", name)
 	if v := xattr(t, p, "attempts"); v != "0" {
@@ -400,5 +365,41 @@ func TestConsumeExactNames(t *testing.T) {
 		if b, err := os.ReadFile(d.Path("exact", "archive", n)); err != nil || string(b) != string(rune('A'+i)) {
 			t.Errorf("archive/%q: %q %v", n, b, err)
 		}
+	}
+}
+
+// child is the binary run in the background by a test, with its output.
+type child struct {
+	cmd    *exec.Cmd
+	out    *testenv.SyncBuffer
+	exited chan error
+}
+
+// startChild runs the binary with args and env added to the test's, and
+// kills it when the test ends.
+func startChild(t *testing.T, env []string, args ...string) *child {
+	t.Helper()
+	c := &child{cmd: exec.Command(testenv.Binary(t), args...), out: &testenv.SyncBuffer{}, exited: make(chan error, 1)}
+	c.cmd.Env = append(os.Environ(), env...)
+	c.cmd.Stdout, c.cmd.Stderr = c.out, c.out
+	if err := c.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { c.exited <- c.cmd.Wait() }()
+	t.Cleanup(func() { c.cmd.Process.Kill() })
+	return c
+}
+
+// stop sends SIGTERM and wants a clean exit within 10 s.
+func (c *child) stop(t *testing.T) {
+	t.Helper()
+	c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-c.exited:
+		if err != nil {
+			t.Errorf("%s exited with %v:\n%s", c.cmd.Args[1], err, c.out.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s did not exit after SIGTERM:\n%s", c.cmd.Args[1], c.out.String())
 	}
 }
