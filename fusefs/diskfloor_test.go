@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"yirangmq/queuecore"
 	"yirangmq/testenv"
 )
@@ -174,17 +172,7 @@ func TestDiskFloorDrain(t *testing.T) {
 
 			// 4. The disk filled from outside the mount, then freed.
 			filler := filepath.Join(small, "filler")
-			fd, err := unix.Open(filler, unix.O_CREAT|unix.O_WRONLY|unix.O_CLOEXEC, 0o600)
-			if err != nil {
-				t.Fatal(err)
-			}
-			chunk := make([]byte, 64<<10)
-			for {
-				if _, err := unix.Write(fd, chunk); err != nil {
-					break
-				}
-			}
-			unix.Close(fd)
+			testenv.FillDisk(t, filler)
 			// The daemon measures at least every 200 ms.
 			if !testenv.RetryUntil(5*time.Second, func() bool { return daemonDisk(t, d).Low }) {
 				t.Fatalf("the disk filled from outside: .stats disk %+v, want low", daemonDisk(t, d))

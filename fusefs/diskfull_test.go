@@ -193,17 +193,7 @@ func TestDiskFullFromOutside(t *testing.T) {
 				t.Fatal(got)
 			}
 			filler := filepath.Join(small, "filler")
-			fd, err := unix.Open(filler, unix.O_CREAT|unix.O_WRONLY|unix.O_CLOEXEC, 0o600)
-			if err != nil {
-				t.Fatal(err)
-			}
-			chunk := make([]byte, 4096)
-			for {
-				if _, err := unix.Write(fd, chunk); err != nil {
-					break
-				}
-			}
-			unix.Close(fd)
+			testenv.FillDisk(t, filler)
 			var results []string
 			for i := 1; i <= 3; i++ {
 				results = append(results, publish(fmt.Sprintf("full%d", i), i))

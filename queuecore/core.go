@@ -187,6 +187,18 @@ func Open(ctx context.Context, store Store, opts Options) (*Core, error) {
 
 // Close stops the timer and wakes every blocked Next with ErrClosed.
 // Operations under way finish; later ones fail with ErrClosed.
+// queueList is the queues open now, to work on one at a time without
+// holding the core's lock.
+func (c *Core) queueList() []*queue {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	qs := make([]*queue, 0, len(c.queues))
+	for _, q := range c.queues {
+		qs = append(qs, q)
+	}
+	return qs
+}
+
 func (c *Core) Close() error {
 	if c.closed.Swap(true) {
 		return nil

@@ -232,13 +232,7 @@ func (c *Core) refreshCounts(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	c.mu.Lock()
-	qs := make([]*queue, 0, len(c.queues))
-	for _, q := range c.queues {
-		qs = append(qs, q)
-	}
-	c.mu.Unlock()
-	for _, q := range qs {
+	for _, q := range c.queueList() {
 		q.mu.Lock()
 		for _, s := range States {
 			q.gauges[s] = counts[q.name][s]

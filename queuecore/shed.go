@@ -12,13 +12,7 @@ type CacheShedder interface {
 // needed for correctness is dropped: a name the cache no longer holds is
 // read from the store again.
 func (c *Core) ShedCaches() {
-	c.mu.Lock()
-	qs := make([]*queue, 0, len(c.queues))
-	for _, q := range c.queues {
-		qs = append(qs, q)
-	}
-	c.mu.Unlock()
-	for _, q := range qs {
+	for _, q := range c.queueList() {
 		q.names.shed()
 	}
 	if s, ok := c.store.(CacheShedder); ok {

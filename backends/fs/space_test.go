@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"yirangmq/queuecore"
+	"yirangmq/testenv"
 )
 
 // A disk filled from outside after a commit: the body file waits (the
@@ -33,17 +34,7 @@ func TestFullDiskPutsOffNotFails(t *testing.T) {
 	mustApply(t, s, tins(tmsg(1, "q", "one", ready)))
 
 	filler := filepath.Join(small, "filler")
-	fd, err := unix.Open(filler, unix.O_CREAT|unix.O_WRONLY|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	chunk := make([]byte, 4096)
-	for {
-		if _, err := unix.Write(fd, chunk); err != nil {
-			break
-		}
-	}
-	unix.Close(fd)
+	testenv.FillDisk(t, filler)
 
 	// The journal has room ahead; the body file has none.
 	mustApply(t, s, tins(tmsg(2, "q", "two", ready)))
