@@ -16,6 +16,13 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// backends are the local stores. The postgres store is not run through
+// this suite: its mount-level behaviour is what testenv/multihost checks,
+// with two daemons on one database (where it differs: shared names, the
+// duty holder, a network split), and the core's and the store's suites
+// (queuecore, backends/postgres) run every operation on it. Running the
+// whole suite a third time against a server would add minutes to make
+// test and check the same filesystem code again.
 var backends = []string{"sqlite", "fs"}
 
 // eachBackend runs f on a fresh mount of each store.
