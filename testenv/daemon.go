@@ -200,7 +200,9 @@ func (d *Daemon) Stop() error {
 }
 
 // StopDaemon stops a daemon started with StartReady: SIGTERM, up to 10 s
-// for its clean unmount, then SIGKILL; mountpoint is unmounted after.
+// for its clean unmount, then SIGKILL; mountpoint is unmounted after. A
+// daemon that exits on SIGTERM but leaves its mount behind is an error:
+// the cleanup's unmount must not hide it.
 func StopDaemon(cmd *exec.Cmd, exited <-chan struct{}, mountpoint string) error {
 	var err error
 	select {
@@ -209,6 +211,9 @@ func StopDaemon(cmd *exec.Cmd, exited <-chan struct{}, mountpoint string) error 
 		cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-exited:
+			if IsMounted(mountpoint) {
+				err = fmt.Errorf("daemon exited on SIGTERM but left %s mounted", mountpoint)
+			}
 		case <-time.After(10 * time.Second):
 			err = errors.New("daemon did not stop within 10 s of SIGTERM; killed")
 			cmd.Process.Kill()
