@@ -13,8 +13,12 @@ import (
 // not a queue's.
 var errDraftsFull = errors.New("too many uncommitted bytes")
 
-// errnoOf is the one mapping from the core's errors (and errDraftsFull) to
-// errnos.
+// errMemoryFull refuses a new message while the daemon is at its memory
+// budget (Options.MemoryBudget, memory.go): like a full disk, ENOSPC.
+var errMemoryFull = errors.New("the daemon is at its memory budget")
+
+// errnoOf is the one mapping from the core's errors (and errDraftsFull,
+// errMemoryFull) to errnos.
 func errnoOf(err error) syscall.Errno {
 	if err == nil {
 		return 0
@@ -35,7 +39,7 @@ func errnoOf(err error) syscall.Errno {
 		return syscall.ENOTEMPTY
 	case errors.Is(err, queuecore.ErrQueueFull), errors.Is(err, errDraftsFull):
 		return syscall.EDQUOT
-	case errors.Is(err, queuecore.ErrDiskLow):
+	case errors.Is(err, queuecore.ErrDiskLow), errors.Is(err, errMemoryFull):
 		// The device, not the queue, is full: ENOSPC, as a write to a
 		// full disk gets, and unlike maxReady's EDQUOT (docs/reliability.md).
 		return syscall.ENOSPC

@@ -34,6 +34,7 @@ func FuzzErrnoOf(f *testing.F) {
 	}
 	causes = append(causes, []cause{
 		{errDraftsFull, syscall.EDQUOT},
+		{errMemoryFull, syscall.ENOSPC},
 		{&queuecore.InputError{Field: "name", Msg: "bad", Err: queuecore.ErrInvalidName}, syscall.EINVAL},
 		{&queuecore.ValidationError{Queue: "q", Name: "m", Reason: "not JSON", Kept: true}, syscall.EINVAL},
 		{context.Canceled, syscall.EINTR},

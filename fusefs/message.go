@@ -158,7 +158,7 @@ func (n *msgNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32
 		if !n.fsys.drafts.grow(&n.fsys.opts, uid, size) {
 			n.mu.Unlock()
 			n.fsys.log.Warn("open refused: too many uncommitted bytes (EDQUOT)", logQueue, n.queue, logName, name, logUID, uid)
-			return nil, 0, syscall.EDQUOT
+			return nil, 0, errnoOf(errDraftsFull)
 		}
 		body := append([]byte(nil), p.buf...)
 		n.mu.Unlock()

@@ -122,7 +122,7 @@ func (d *stateDir) Create(ctx context.Context, name string, flags uint32, mode u
 		}
 	}
 	if d.fsys.memoryFull() {
-		return nil, nil, 0, syscall.ENOSPC // logged when the daemon reached its memory budget (memory.go)
+		return nil, nil, 0, errnoOf(errMemoryFull) // logged when the daemon reached its budget (memory.go)
 	}
 	policy, err := d.fsys.core.Policy(d.queue)
 	if err != nil {
