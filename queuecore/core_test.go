@@ -356,7 +356,7 @@ func TestExpiryRetriesThenDeadLetters(t *testing.T) {
 		// Counters follow the commit (on the scheduler's goroutine) that a
 		// reader of the store may see first.
 		var s queuecore.QueueStats
-		testenv.RetryUntil(5*time.Second, func() bool { s = e.stats("q"); return s.ExpiredTotal >= 2 })
+		testenv.RetryUntil(5*time.Second, func() bool { s = e.settledStats("q"); return s.ExpiredTotal >= 2 })
 		equal(t, "expired_total", s.ExpiredTotal, int64(2))
 		equal(t, "dead_lettered_total", s.DeadLetteredTotal, int64(1))
 		equal(t, "dlq", s.DLQ, int64(1))
@@ -621,8 +621,8 @@ func TestRetention(t *testing.T) {
 			}
 			e.clock.Advance(time.Second)
 		}
-		if !testenv.RetryUntil(5*time.Second, func() bool { return e.stats("q").Archived == 3 }) {
-			t.Fatalf("archive holds %d, want 3 (maxMessages)", e.stats("q").Archived)
+		if !testenv.RetryUntil(5*time.Second, func() bool { return e.settledStats("q").Archived == 3 }) {
+			t.Fatalf("archive holds %d, want 3 (maxMessages)", e.settledStats("q").Archived)
 		}
 		equalNames(t, "archive keeps the newest", e.names("q", queuecore.StateArchived), "m2", "m3", "m4")
 		e.publish("q", "dead", "x")
@@ -630,12 +630,12 @@ func TestRetention(t *testing.T) {
 			t.Fatal(err)
 		}
 		e.clock.Advance(100 * time.Second)
-		if !testenv.RetryUntil(5*time.Second, func() bool { return e.stats("q").Archived == 0 }) {
+		if !testenv.RetryUntil(5*time.Second, func() bool { return e.settledStats("q").Archived == 0 }) {
 			t.Fatal("archive retention did not run")
 		}
-		equal(t, "dlq before a day", e.stats("q").DLQ, int64(1))
+		equal(t, "dlq before a day", e.settledStats("q").DLQ, int64(1))
 		e.clock.Advance(24 * time.Hour)
-		if !testenv.RetryUntil(5*time.Second, func() bool { return e.stats("q").DLQ == 0 }) {
+		if !testenv.RetryUntil(5*time.Second, func() bool { return e.settledStats("q").DLQ == 0 }) {
 			t.Fatal("dlq retention did not run")
 		}
 	})

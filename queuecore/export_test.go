@@ -1,5 +1,7 @@
 package queuecore
 
+import "context"
+
 // WithStatfs makes the core measure free space with f (a fake disk).
 func WithStatfs(o Options, f func(dir string) (free, total int64, err error)) Options {
 	o.statfs = f
@@ -16,4 +18,15 @@ func Waiting(c *Core, queue string) int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.waiting
+}
+
+// SettledStats reads a queue's stats with the gauges read again from a
+// shared store first. A shared core takes its gauges from the store at
+// most once per countsTTL of its clock, and a read that overlapped a
+// commit of its own can be off by that commit until the next one
+// (docs/multihost.md); a test whose fake clock stands still polls with
+// this, as real time passing would.
+func SettledStats(c *Core, ctx context.Context, queue string) (QueueStats, error) {
+	c.forceCounts()
+	return c.Stats(ctx, queue)
 }

@@ -204,6 +204,17 @@ func (e *env) stats(q string) queuecore.QueueStats {
 	return s
 }
 
+// settledStats is stats with a shared store's gauges read again first
+// (queuecore.SettledStats): for polls while the fake clock stands still.
+func (e *env) settledStats(q string) queuecore.QueueStats {
+	e.t.Helper()
+	s, err := queuecore.SettledStats(e.core, e.ctx, q)
+	if err != nil {
+		e.t.Fatalf("stats %s: %v", q, err)
+	}
+	return s
+}
+
 // waitState waits (in real time) for the scheduler to move a message.
 func (e *env) waitState(q string, s queuecore.State, name string) queuecore.Message {
 	e.t.Helper()

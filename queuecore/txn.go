@@ -139,9 +139,6 @@ func (b *batch) noteDeadline(m Message) {
 	}
 }
 
-// commit hands the batch to the store, with no lock held, and on success
-// updates gauges, counters and the scheduler (finish tells the notifier). A cancelled ctx does not cancel the commit: a change the
-// caller asked for is never half done because a signal arrived.
 // inserts reports whether the batch puts a new message in (a publish, a
 // fanout or forward copy), which the reserve is not for.
 func (b *batch) inserts() bool {
@@ -153,6 +150,10 @@ func (b *batch) inserts() bool {
 	return false
 }
 
+// commit hands the batch to the store, with no lock held, and on success
+// updates gauges, counters and the scheduler (finish tells the notifier).
+// A cancelled ctx does not cancel the commit: a change the caller asked
+// for is never half done because a signal arrived.
 func (c *Core) commit(ctx context.Context, b *batch) error {
 	if len(b.ops) == 0 {
 		return nil
