@@ -177,7 +177,17 @@ func TestDiskFloorDrain(t *testing.T) {
 			if !testenv.RetryUntil(5*time.Second, func() bool { return daemonDisk(t, d).Low }) {
 				t.Fatalf("the disk filled from outside: .stats disk %+v, want low", daemonDisk(t, d))
 			}
-			if got := publish("outside-full"); !strings.HasSuffix(got, "=ENOSPC") {
+			// Refused; or admitted because the store had given space back
+			// meanwhile (a WAL truncated, free pages inside the database
+			// count as room), which the daemon's next measure must show.
+			switch got := publish("outside-full"); {
+			case strings.HasSuffix(got, "=ENOSPC"):
+			case got == "OK":
+				if !testenv.RetryUntil(time.Second, func() bool { return !daemonDisk(t, d).Low }) {
+					t.Errorf("publish with the disk filled from outside: OK while .stats disk says low (%+v), want ENOSPC", daemonDisk(t, d))
+				}
+				t.Logf("%s: a publish fitted into space the store gave back after the outside fill", backend)
+			default:
 				t.Errorf("publish with the disk filled from outside: %s, want ENOSPC", got)
 			}
 			check("filled from outside")
