@@ -532,6 +532,14 @@ type queue struct {
 
 	counters counters
 	rates    rates
+
+	// With a shared store, for refreshCounts: how many of this core's
+	// batches that change the gauges are being committed, how many have
+	// begun, and how many reads of the store's counts in a row a commit
+	// overlapped.
+	committing   int
+	commitsBegun uint64
+	countMisses  int
 }
 
 type claimKey struct {

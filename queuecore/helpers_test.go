@@ -107,13 +107,34 @@ func eachStore(t *testing.T, f func(t *testing.T, e *env)) {
 			if s.name == "postgres" {
 				postgresServer(t)
 			}
-			e := &env{t: t, ctx: context.Background(), dir: t.TempDir(), open: s.open,
-				clock: testenv.NewFakeClock(t0), notes: &notes{ch: make(chan queuecore.Event, 1024)}}
-			e.start()
-			t.Cleanup(e.stop)
-			f(t, e)
+			f(t, newEnv(t, s.open))
 		})
 	}
+}
+
+// newEnv starts a core on the store that open opens in a new directory;
+// it is stopped when t ends.
+func newEnv(t *testing.T, open openStore) *env {
+	e := &env{t: t, ctx: context.Background(), dir: t.TempDir(), open: open,
+		clock: testenv.NewFakeClock(t0), notes: &notes{ch: make(chan queuecore.Event, 1024)}}
+	e.start()
+	t.Cleanup(e.stop)
+	return e
+}
+
+// postgresEnv is newEnv on the postgres store, which wrap may wrap; it
+// skips t when there is no PostgreSQL server here.
+func postgresEnv(t *testing.T, wrap func(queuecore.Store) queuecore.Store) *env {
+	t.Helper()
+	postgresServer(t)
+	open := stores[2].open
+	return newEnv(t, func(ctx context.Context, dir string, sync queuecore.SyncMode) (queuecore.Store, error) {
+		st, err := open(ctx, dir, sync)
+		if err != nil {
+			return nil, err
+		}
+		return wrap(st), nil
+	})
 }
 
 func (e *env) start() {

@@ -218,6 +218,17 @@ func (c *Core) reloadQueues(ctx context.Context) error {
 
 // refreshCounts reads the gauges of every queue from a shared store when
 // they are older than countsTTL: other daemons change them too.
+//
+// A commit of this core that overlaps the read would be counted twice
+// (in the store's counts, then by applied) or lost (applied, then
+// overwritten by counts read before it). So the counts of a queue are
+// installed only if none of this core's commits of the queue was under
+// way or began between the start of the read and the install; otherwise
+// the queue keeps its gauges, exact for this core's own commits, and the
+// next read tries again. A queue whose commits overlap countsMaxMisses
+// reads in a row takes the store's counts with this core's commits since
+// the read began on top (possibly counting a commit that overlapped the
+// read twice, until the next read), so that what other daemons did shows.
 func (c *Core) refreshCounts(ctx context.Context) error {
 	if c.shared == nil {
 		return nil
@@ -228,19 +239,64 @@ func (c *Core) refreshCounts(ctx context.Context) error {
 	if !c.countAt.IsZero() && now.Sub(c.countAt) < countsTTL {
 		return nil
 	}
+	type mark struct {
+		q      *queue
+		begun  uint64
+		busy   bool
+		gauges [StateArchived + 1]Count
+	}
+	qs := c.queueList()
+	marks := make([]mark, len(qs))
+	for i, q := range qs {
+		q.mu.Lock()
+		marks[i] = mark{q: q, begun: q.commitsBegun, busy: q.committing > 0, gauges: q.gauges}
+		q.mu.Unlock()
+	}
 	counts, err := c.store.Counts(ctx)
 	if err != nil {
 		return err
 	}
-	for _, q := range c.queueList() {
+	for _, mk := range marks {
+		q := mk.q
 		q.mu.Lock()
-		for _, s := range States {
-			q.gauges[s] = counts[q.name][s]
+		clean := !mk.busy && q.commitsBegun == mk.begun
+		if !clean && q.countMisses < countsMaxMisses {
+			q.countMisses++
+			q.mu.Unlock()
+			continue
 		}
+		for _, s := range States {
+			n := counts[q.name][s]
+			if !clean {
+				n.N += q.gauges[s].N - mk.gauges[s].N
+				n.Bytes += q.gauges[s].Bytes - mk.gauges[s].Bytes
+			}
+			q.gauges[s] = n
+		}
+		q.countMisses = 0
 		q.mu.Unlock()
 	}
 	c.countAt = now
 	return nil
+}
+
+// countsMaxMisses is how many reads of a shared store's counts in a row
+// may leave a queue's gauges alone because a commit overlapped them.
+const countsMaxMisses = 3
+
+// commitBegins and commitEnds bracket a commit of this core that changes
+// q's gauges, for refreshCounts.
+func (q *queue) commitBegins() {
+	q.mu.Lock()
+	q.committing++
+	q.commitsBegun++
+	q.mu.Unlock()
+}
+
+func (q *queue) commitEnds() {
+	q.mu.Lock()
+	q.committing--
+	q.mu.Unlock()
 }
 
 // forceCounts makes the next refreshCounts read the store.
@@ -284,6 +340,8 @@ func (c *Core) pickShared(ctx context.Context, q *queue, consumer string, nonblo
 	}
 	var b batch
 	now := c.now()
+	q.commitBegins() // a lease moves a message out of ready
+	defer q.commitEnds()
 	m, err := c.shared.LeaseNext(context.WithoutCancel(ctx), q.name, skip, func(m Message) Message {
 		b = batch{}
 		c.leaseOps(q, m, &p, now, consumer, &b)

@@ -158,6 +158,16 @@ func (c *Core) commit(ctx context.Context, b *batch) error {
 	if len(b.ops) == 0 {
 		return nil
 	}
+	if c.shared != nil {
+		for _, d := range b.deltas {
+			d.q.commitBegins()
+		}
+		defer func() {
+			for _, d := range b.deltas {
+				d.q.commitEnds()
+			}
+		}()
+	}
 	err := c.store.Apply(context.WithoutCancel(ctx), b.ops)
 	if err != nil && c.space != nil && !b.inserts() && c.space.relieve(ctx, err) {
 		// A drain (lease, ack, nack, delete) met a full disk: the
