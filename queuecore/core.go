@@ -75,18 +75,17 @@ type Core struct {
 	opts    Options
 	started time.Time
 
-	lastID atomic.Uint64 // last message ID or Seq handed out
+	// What depends on other daemons sharing the store, chosen in Open
+	// (mode.go).
+	ids    idSource
+	gauges gaugeSource
+	leaser leaser
+	names  nameSource
 
 	// shared is the store again when several daemons use it (nil for a
 	// store of this process alone); see shared.go.
 	shared   SharedStore
-	idMu     sync.Mutex // guards idNext, idEnd: the block of IDs reserved in a shared store
-	idNext   uint64
-	idEnd    uint64
-	lastSeq  atomic.Uint64 // last Seq handed out with a shared store
-	countMu  sync.Mutex    // orders refreshes of the gauges from a shared store
-	reloadMu sync.Mutex    // one reloadQueues at a time
-	countAt  time.Time     // when the gauges were last read from a shared store
+	reloadMu sync.Mutex // one reloadQueues at a time
 
 	randMu sync.Mutex
 	rand   *bufio.Reader // crypto/rand, buffered: see newMessageID
@@ -122,11 +121,21 @@ func Open(ctx context.Context, store Store, opts Options) (*Core, error) {
 		rand: bufio.NewReaderSize(rand.Reader, 4096),
 	}
 	c.started = c.clock.Now()
-	maxID, err := store.MaxID(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("open queue core: %w", err)
+	if ss, ok := store.(SharedStore); ok {
+		c.shared = ss
+		c.ids = &sharedIDs{store: ss, clock: c.clock}
+		c.gauges = &storeGauges{c: c, at: c.now()}
+		c.leaser = &sharedLeaser{c: c, ss: ss}
+		c.names = storeNames{store: store}
+	} else {
+		maxID, err := store.MaxID(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("open queue core: %w", err)
+		}
+		ids := &localIDs{}
+		ids.last.Store(maxID)
+		c.ids, c.gauges, c.leaser, c.names = ids, ownGauges{}, alone{c}, cachedNames{c}
 	}
-	c.lastID.Store(maxID)
 	infos, err := store.Queues(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("open queue core: %w", err)
@@ -155,18 +164,14 @@ func Open(ctx context.Context, store Store, opts Options) (*Core, error) {
 				}
 			}
 		}
-		if _, shared := store.(SharedStore); !shared {
-			if err := c.loadNames(ctx, q, live); err != nil {
-				return nil, fmt.Errorf("open queue core: %w", err)
-			}
+		if err := c.names.opened(ctx, q, live); err != nil {
+			return nil, fmt.Errorf("open queue core: %w", err)
 		}
 		c.queues[info.Name] = q
 	}
 	c.sched = newScheduler(c)
-	if ss, ok := store.(SharedStore); ok {
-		c.shared = ss
-		c.countAt = c.now()
-		ss.Subscribe(c.external)
+	if c.shared != nil {
+		c.shared.Subscribe(c.external)
 		// What other daemons changed between the load above and the
 		// subscription was not heard: read the queues once more.
 		if err := c.reloadQueues(ctx); err != nil {
@@ -217,46 +222,11 @@ func (c *Core) Close() error {
 
 func (c *Core) now() time.Time { return c.clock.Now() }
 
-// idBlock is how many message IDs a daemon reserves at once in a shared
-// store.
-const idBlock = 1024
+// newID hands out a message ID.
+func (c *Core) newID() (uint64, error) { return c.ids.newID() }
 
-// newID hands out a message ID: the next number of this core alone, or of
-// a block reserved in a shared store.
-func (c *Core) newID() (uint64, error) {
-	if c.shared == nil {
-		return c.lastID.Add(1), nil
-	}
-	c.idMu.Lock()
-	defer c.idMu.Unlock()
-	if c.idNext == c.idEnd {
-		first, err := c.shared.ReserveIDs(context.Background(), idBlock)
-		if err != nil {
-			return 0, fmt.Errorf("reserve message IDs: %w", err)
-		}
-		c.idNext, c.idEnd = first, first+idBlock
-	}
-	id := c.idNext
-	c.idNext++
-	return id, nil
-}
-
-// newSeq hands out the Seq of a message entering inbox/. With a shared
-// store it is the commit time in nanoseconds (made strictly increasing
-// here), so that the messages of several daemons line up by time.
-func (c *Core) newSeq() uint64 {
-	if c.shared == nil {
-		return c.lastID.Add(1)
-	}
-	now := uint64(c.now().UnixNano())
-	for {
-		last := c.lastSeq.Load()
-		next := max(last+1, now)
-		if c.lastSeq.CompareAndSwap(last, next) {
-			return next
-		}
-	}
-}
+// newSeq hands out the Seq of a message entering inbox/.
+func (c *Core) newSeq() uint64 { return c.ids.newSeq() }
 
 // queue returns a live queue or ErrNotFound.
 func (c *Core) queue(name string) (*queue, error) {
@@ -323,7 +293,7 @@ func (c *Core) CreateQueue(ctx context.Context, name string, uid, gid, mode uint
 	delete(c.creating, name)
 	if err == nil {
 		q := newQueue(info, p)
-		q.names.complete = c.shared == nil // new: it holds no message
+		c.names.created(q)
 		c.queues[name] = q
 		c.queueGen++
 	}
@@ -342,10 +312,11 @@ func (c *Core) DeleteQueue(ctx context.Context, name string, force bool) error {
 	if err != nil {
 		return err
 	}
-	if c.shared != nil && !force {
-		// Other daemons fill it too: look at the store, not at old gauges.
-		c.forceCounts()
-		if err := c.refreshCounts(ctx); err != nil {
+	if !force {
+		// Other daemons of a shared store fill it too: look at the store,
+		// not at old gauges.
+		c.gauges.force()
+		if err := c.gauges.refresh(ctx); err != nil {
 			return fmt.Errorf("delete queue %q: %w", name, err)
 		}
 	}
@@ -533,7 +504,7 @@ type queue struct {
 	counters counters
 	rates    rates
 
-	// With a shared store, for refreshCounts: how many of this core's
+	// With a shared store, for storeGauges.refresh: how many of this core's
 	// batches that change the gauges are being committed, how many have
 	// begun, and how many reads of the store's counts in a row a commit
 	// overlapped.

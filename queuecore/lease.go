@@ -44,12 +44,7 @@ func (c *Core) Next(ctx context.Context, queueName, consumer string, nonblock bo
 	if err != nil {
 		return Message{}, err
 	}
-	pick, poll := c.pickLocal, time.Duration(0)
-	if c.shared != nil {
-		// Other daemons lease and publish too, and their commits do not
-		// wake this one: look again every sharedPoll as well.
-		pick, poll = c.pickShared, sharedPoll
-	}
+	pick, poll := c.leaser.pick, c.leaser.poll()
 	for {
 		if err := ctx.Err(); err != nil {
 			return Message{}, err // a signal came with a wake-up: take no lease

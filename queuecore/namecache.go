@@ -2,7 +2,6 @@ package queuecore
 
 import (
 	"context"
-	"errors"
 	"sync"
 )
 
@@ -20,8 +19,8 @@ const nameCacheMax = 8192
 // core (applied calls wrote for each name a batch wrote, overwriting or
 // dropping its entry), and a read of the store is kept only if no commit
 // of the queue came between the read and its insertion (gen). A store that
-// other daemons share is not cached at all: with Core.shared set,
-// lookupLive reads the store and the cache stays empty.
+// other daemons share is not cached at all: its core reads names through
+// storeNames (mode.go), and the cache stays empty.
 //
 // When the cache holds every live name of its queue (complete: the queue
 // was small when the core opened it, or new, and no entry has had to go
@@ -123,33 +122,10 @@ func (nc *nameCache) learn(gen uint64, name string, e nameEntry) {
 	nc.entries[name] = e
 }
 
-// lookupLive returns the live message of q called name, from the name
-// cache when it knows, else from the store (ErrNotFound if none).
-func (c *Core) lookupLive(ctx context.Context, q *queue, name string) (Message, error) {
-	if c.shared != nil {
-		return c.store.Lookup(ctx, q.name, name, false)
-	}
-	if e, ok := q.names.get(name); ok {
-		if !e.live {
-			return Message{}, ErrNotFound
-		}
-		return e.m, nil
-	}
-	gen := q.names.generation()
-	m, err := c.store.Lookup(ctx, q.name, name, false)
-	switch {
-	case err == nil:
-		q.names.learn(gen, name, nameEntry{m: m, live: true})
-	case errors.Is(err, ErrNotFound):
-		q.names.learn(gen, name, nameEntry{})
-	}
-	return m, err
-}
-
 // loadNames fills the name cache of a small queue at open, so that it is
 // complete (nameCache). A larger queue's cache fills as it goes.
 func (c *Core) loadNames(ctx context.Context, q *queue, live int64) error {
-	if c.shared != nil || live >= nameCacheMax/2 {
+	if live >= nameCacheMax/2 {
 		return nil
 	}
 	var ms []Message

@@ -46,7 +46,7 @@ func (c *Core) lookup(ctx context.Context, q *queue, s State, name string) (Mess
 	if s == StateArchived {
 		m, err = c.store.Lookup(ctx, q.name, name, true)
 	} else {
-		m, err = c.lookupLive(ctx, q, name)
+		m, err = c.names.lookup(ctx, q, name)
 	}
 	if errors.Is(err, ErrNotFound) || err == nil && m.State != s {
 		return Message{}, errNoMessage(q.name, s, name)
@@ -210,7 +210,7 @@ func (c *Core) Find(ctx context.Context, queueName, name string, archived bool) 
 	if archived {
 		m, err = c.store.Lookup(ctx, queueName, name, true)
 	} else {
-		m, err = c.lookupLive(ctx, q, name)
+		m, err = c.names.lookup(ctx, q, name)
 	}
 	if errors.Is(err, ErrNotFound) {
 		return Message{}, fmt.Errorf("%s/%s: %w", queueName, name, ErrNotFound)

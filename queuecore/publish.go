@@ -214,10 +214,10 @@ func (c *Core) newPublished(q *queue, name string, chk checked, verr error, o Pu
 // claimed queue. On success each claimed queue counts one more publish
 // under way until unreserveReady.
 func (c *Core) reserveReady(ctx context.Context, q *queue, name string, claims []claim, p *Policy, toReady bool) error {
-	if toReady && c.shared != nil && p.MaxReady > 0 {
-		// Other daemons lease and publish too: go by the store's count
-		// (at most countsTTL old), not by this daemon's own moves.
-		if err := c.refreshCounts(ctx); err != nil {
+	if toReady && p.MaxReady > 0 {
+		// Other daemons of a shared store lease and publish too: go by
+		// the store's count (at most countsTTL old).
+		if err := c.gauges.refresh(ctx); err != nil {
 			return fmt.Errorf("publish %s/%s: %w", q.name, name, err)
 		}
 	}
@@ -322,8 +322,8 @@ func (c *Core) CheckPublish(ctx context.Context, queueName, name string) error {
 	if err != nil {
 		return err
 	}
-	if c.shared != nil && policyOf(q).MaxReady > 0 {
-		if err := c.refreshCounts(ctx); err != nil {
+	if policyOf(q).MaxReady > 0 {
+		if err := c.gauges.refresh(ctx); err != nil {
 			return err
 		}
 	}
@@ -342,7 +342,7 @@ func (c *Core) CheckPublish(ctx context.Context, queueName, name string) error {
 	if claimed {
 		return nil // under way: the publish will tell
 	}
-	if _, err := c.lookupLive(ctx, q, name); err == nil {
+	if _, err := c.names.lookup(ctx, q, name); err == nil {
 		return fmt.Errorf("%s/%s: %w", queueName, name, ErrExists)
 	} else if !errors.Is(err, ErrNotFound) {
 		return err

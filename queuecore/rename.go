@@ -43,7 +43,7 @@ func (c *Core) Rename(ctx context.Context, queueName, name, newName string) (Mes
 	if err != nil {
 		return Message{}, err
 	}
-	if _, err := c.lookupLive(ctx, q, newName); err == nil {
+	if _, err := c.names.lookup(ctx, q, newName); err == nil {
 		return Message{}, fmt.Errorf("%s/%s: %w (live in this queue)", queueName, newName, ErrExists)
 	} else if !errors.Is(err, ErrNotFound) {
 		return Message{}, err

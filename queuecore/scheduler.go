@@ -2,7 +2,6 @@ package queuecore
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,12 +15,6 @@ type scheduler struct {
 	c      *Core
 	kickCh chan struct{}
 
-	// With a shared store (run's goroutine only): the counts retention
-	// goes by, read at most every sharedCountsTTL (a scan of the table),
-	// and when the queues were last reloaded.
-	counts     map[string]map[State]Count
-	countsAt   time.Time
-	reloadedAt time.Time
 	// countsStale is set by a commit of this core that may have put an
 	// archive over its limit: the next run reads the counts again.
 	countsStale atomic.Bool
@@ -107,10 +100,8 @@ func (s *scheduler) work() time.Time {
 	c := s.c
 	ctx := context.Background()
 	now := c.now()
-	if c.shared != nil {
-		if !c.shared.Duty() {
-			return now.Add(sharedPoll) // another daemon does it; look again for a takeover
-		}
+	if !c.leaser.duty() {
+		return now.Add(sharedPoll) // another daemon does it; look again for a takeover
 	}
 	var next time.Time
 	soonest := func(t time.Time) {
@@ -136,33 +127,19 @@ func (s *scheduler) work() time.Time {
 	if expired > 0 {
 		c.log.Debug("scheduler moved due messages", "count", expired)
 	}
-	// With a shared store, retention by count goes by the store's counts
-	// (other daemons archive too); the gauges are left to Stats, which
-	// refreshes them in step with the caller.
-	var shared map[string]map[State]Count
-	if c.shared != nil {
-		var err error
-		if shared, err = s.sharedCounts(ctx, now); err != nil {
-			c.log.Error("scheduler: read counts", logErr, err)
-			return now.Add(time.Second)
-		}
-		if now.Sub(s.reloadedAt) >= sharedReload {
-			// A backstop for lost hints about queues.
-			if err := c.reloadQueues(ctx); err != nil {
-				c.log.Warn("scheduler: reload queues from the shared store", logErr, err)
-			} else {
-				s.reloadedAt = now
-			}
-		}
+	counts, err := c.leaser.beforeRetention(ctx, now)
+	if err != nil {
+		c.log.Error("scheduler: read counts", logErr, err)
+		return now.Add(time.Second)
 	}
 	for _, name := range c.QueueNames() {
 		q, err := c.queue(name)
 		if err != nil {
 			continue
 		}
-		archived := int64(-1)
-		if shared != nil {
-			archived = shared[name][StateArchived].N
+		archived := int64(-1) // the gauge
+		if counts != nil {
+			archived = counts[name][StateArchived].N
 		}
 		t, held := s.retention(ctx, q, now, archived)
 		soonest(t)
@@ -177,11 +154,7 @@ func (s *scheduler) work() time.Time {
 	if busy {
 		soonest(now.Add(busyRetry))
 	}
-	if c.shared != nil {
-		// Other daemons set deadlines this one hears of only as hints, and
-		// the duty must be checked: look again within sharedPoll.
-		soonest(now.Add(sharedPoll))
-	}
+	soonest(c.leaser.lookAgain(now))
 	return next
 }
 
@@ -204,9 +177,7 @@ func (s *scheduler) handleDue(ctx context.Context, due []Message, now time.Time)
 	b := batch{byDaemon: true}
 	var claims []claim
 	expiredBy := map[*queue]int64{}
-	if c.shared != nil && len(due) > 1 {
-		// Other daemons ack and touch these messages at the same time, and
-		// one conflict fails a whole batch: commit them one by one.
+	if c.leaser.oneByOne() && len(due) > 1 {
 		for i := range due {
 			n, h := s.handleDue(ctx, due[i:i+1], now)
 			moved, held = moved+n, held+h
@@ -244,7 +215,7 @@ func (s *scheduler) handleDue(ctx context.Context, due []Message, now time.Time)
 	for q, n := range expiredBy {
 		b.count(func(time.Time) { q.counters.expired.Add(n) })
 	}
-	if err := c.commit(ctx, &b); c.shared != nil && errors.Is(err, ErrNotFound) {
+	if err := c.commit(ctx, &b); c.leaser.lostRace(err) {
 		c.log.Debug("scheduler: a due message was moved by another daemon", logErr, err)
 		moved = 0
 	} else if err != nil {
@@ -330,7 +301,7 @@ func (s *scheduler) retention(ctx context.Context, q *queue, now time.Time, arch
 			}
 			err = c.commit(ctx, &b)
 			c.finish(claims, &b)
-			if c.shared != nil && errors.Is(err, ErrNotFound) {
+			if c.leaser.lostRace(err) {
 				return now.Add(busyRetry), false // another daemon changed one: read again
 			}
 			if err != nil {
@@ -345,24 +316,4 @@ func (s *scheduler) retention(ctx context.Context, q *queue, now time.Time, arch
 		}
 	}
 	return next, held
-}
-
-// With a shared store, the duty holder's retention by count reads the
-// store's counts at most every sharedCountsTTL, and every daemon reloads
-// its queues every sharedReload whatever the hints said.
-const (
-	sharedCountsTTL = 10 * time.Second
-	sharedReload    = 30 * time.Second
-)
-
-func (s *scheduler) sharedCounts(ctx context.Context, now time.Time) (map[string]map[State]Count, error) {
-	if s.counts != nil && now.Sub(s.countsAt) < sharedCountsTTL && !s.countsStale.Swap(false) {
-		return s.counts, nil
-	}
-	counts, err := s.c.store.Counts(ctx)
-	if err != nil {
-		return nil, err
-	}
-	s.counts, s.countsAt = counts, now
-	return counts, nil
 }

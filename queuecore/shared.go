@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -103,7 +105,7 @@ func (c *Core) external(ch Change) {
 		}
 		if ch.Queue == "" {
 			// Hints were lost: any queue may have ready messages now.
-			c.forceCounts()
+			c.gauges.force()
 			c.sched.kick()
 			c.mu.Lock()
 			for _, q := range c.queues {
@@ -207,7 +209,7 @@ func (c *Core) reloadQueues(ctx context.Context) error {
 		changed = append(changed, name)
 	}
 	c.mu.Unlock()
-	c.forceCounts()
+	c.gauges.force()
 	if c.notify != nil {
 		for _, name := range changed {
 			c.notify.Notify(Event{Queue: name, ByDaemon: true, Remote: true}) // the kernel may cache the queue's absence
@@ -216,8 +218,58 @@ func (c *Core) reloadQueues(ctx context.Context) error {
 	return nil
 }
 
-// refreshCounts reads the gauges of every queue from a shared store when
-// they are older than countsTTL: other daemons change them too.
+// sharedIDs reserves message IDs in the store by blocks of idBlock, and
+// makes each Seq the commit time in nanoseconds (strictly increasing
+// here), so that the messages of several daemons line up by time.
+type sharedIDs struct {
+	store SharedStore
+	clock Clock
+
+	mu        sync.Mutex // guards next, end: the block of IDs reserved
+	next, end uint64
+	lastSeq   atomic.Uint64 // last Seq handed out
+}
+
+// idBlock is how many message IDs a daemon reserves at once in a shared
+// store.
+const idBlock = 1024
+
+func (s *sharedIDs) newID() (uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.next == s.end {
+		first, err := s.store.ReserveIDs(context.Background(), idBlock)
+		if err != nil {
+			return 0, fmt.Errorf("reserve message IDs: %w", err)
+		}
+		s.next, s.end = first, first+idBlock
+	}
+	id := s.next
+	s.next++
+	return id, nil
+}
+
+func (s *sharedIDs) newSeq() uint64 {
+	now := uint64(s.clock.Now().UnixNano())
+	for {
+		last := s.lastSeq.Load()
+		next := max(last+1, now)
+		if s.lastSeq.CompareAndSwap(last, next) {
+			return next
+		}
+	}
+}
+
+// storeGauges reads the gauges of every queue from a shared store when
+// they are older than countsTTL: other daemons change them too. Between
+// reads, this core's own commits update them as they go (applied).
+type storeGauges struct {
+	c  *Core
+	mu sync.Mutex // orders refreshes
+	at time.Time  // when the gauges were last read; zero: read at the next refresh
+}
+
+// refresh reads the store's counts if they are older than countsTTL.
 //
 // A commit of this core that overlaps the read would be counted twice
 // (in the store's counts, then by applied) or lost (applied, then
@@ -229,14 +281,12 @@ func (c *Core) reloadQueues(ctx context.Context) error {
 // reads in a row takes the store's counts with this core's commits since
 // the read began on top (possibly counting a commit that overlapped the
 // read twice, until the next read), so that what other daemons did shows.
-func (c *Core) refreshCounts(ctx context.Context) error {
-	if c.shared == nil {
-		return nil
-	}
-	c.countMu.Lock()
-	defer c.countMu.Unlock()
+func (g *storeGauges) refresh(ctx context.Context) error {
+	c := g.c
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	now := c.now()
-	if !c.countAt.IsZero() && now.Sub(c.countAt) < countsTTL {
+	if !g.at.IsZero() && now.Sub(g.at) < countsTTL {
 		return nil
 	}
 	type mark struct {
@@ -276,7 +326,7 @@ func (c *Core) refreshCounts(ctx context.Context) error {
 		q.countMisses = 0
 		q.mu.Unlock()
 	}
-	c.countAt = now
+	g.at = now
 	return nil
 }
 
@@ -284,8 +334,26 @@ func (c *Core) refreshCounts(ctx context.Context) error {
 // may leave a queue's gauges alone because a commit overlapped them.
 const countsMaxMisses = 3
 
+func (g *storeGauges) force() {
+	g.mu.Lock()
+	g.at = time.Time{}
+	g.mu.Unlock()
+}
+
+func (g *storeGauges) committing(ds []gaugeDelta) {
+	for _, d := range ds {
+		d.q.commitBegins()
+	}
+}
+
+func (g *storeGauges) done(ds []gaugeDelta) {
+	for _, d := range ds {
+		d.q.commitEnds()
+	}
+}
+
 // commitBegins and commitEnds bracket a commit of this core that changes
-// q's gauges, for refreshCounts.
+// q's gauges, for storeGauges.refresh.
 func (q *queue) commitBegins() {
 	q.mu.Lock()
 	q.committing++
@@ -299,18 +367,86 @@ func (q *queue) commitEnds() {
 	q.mu.Unlock()
 }
 
-// forceCounts makes the next refreshCounts read the store.
-func (c *Core) forceCounts() {
-	c.countMu.Lock()
-	c.countAt = time.Time{}
-	c.countMu.Unlock()
+// sharedLeaser shares the timed work with the other daemons of the store:
+// the one that holds the store's duty does it. Next leases through the
+// store, and looks again every sharedPoll, since the commits of other
+// daemons do not wake it.
+type sharedLeaser struct {
+	c  *Core
+	ss SharedStore
+
+	// The scheduler's goroutine only: the counts retention goes by, read
+	// at most every sharedCountsTTL (a scan of the table), and when the
+	// queues were last reloaded.
+	counts     map[string]map[State]Count
+	countsAt   time.Time
+	reloadedAt time.Time
 }
 
-// pickShared is Next's attempt on a shared store: the store picks and
-// leases the message in one transaction (FOR UPDATE SKIP LOCKED), so
-// daemons on several hosts never lease one message twice. Names this
-// daemon has an operation on are skipped.
-func (c *Core) pickShared(ctx context.Context, q *queue, consumer string, nonblock bool) (picked, error) {
+func (l *sharedLeaser) poll() time.Duration { return sharedPoll }
+func (l *sharedLeaser) duty() bool          { return l.ss.Duty() }
+
+func (l *sharedLeaser) reportDuty() *bool {
+	duty := l.ss.Duty()
+	return &duty
+}
+
+// beforeRetention reads the store's counts for retention by count (other
+// daemons archive too; the gauges are left to Stats, which refreshes them
+// in step with the caller), and reloads the queues every sharedReload, a
+// backstop for lost hints about queues.
+func (l *sharedLeaser) beforeRetention(ctx context.Context, now time.Time) (map[string]map[State]Count, error) {
+	counts, err := l.retentionCounts(ctx, now)
+	if err != nil {
+		return nil, err
+	}
+	if now.Sub(l.reloadedAt) >= sharedReload {
+		if err := l.c.reloadQueues(ctx); err != nil {
+			l.c.log.Warn("scheduler: reload queues from the shared store", logErr, err)
+		} else {
+			l.reloadedAt = now
+		}
+	}
+	return counts, nil
+}
+
+// With a shared store, the duty holder's retention by count reads the
+// store's counts at most every sharedCountsTTL, and every daemon reloads
+// its queues every sharedReload whatever the hints said.
+const (
+	sharedCountsTTL = 10 * time.Second
+	sharedReload    = 30 * time.Second
+)
+
+func (l *sharedLeaser) retentionCounts(ctx context.Context, now time.Time) (map[string]map[State]Count, error) {
+	if l.counts != nil && now.Sub(l.countsAt) < sharedCountsTTL && !l.c.sched.countsStale.Swap(false) {
+		return l.counts, nil
+	}
+	counts, err := l.c.store.Counts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	l.counts, l.countsAt = counts, now
+	return counts, nil
+}
+
+// lookAgain: other daemons set deadlines this one hears of only as hints,
+// and the duty must be checked: the scheduler looks again within
+// sharedPoll.
+func (l *sharedLeaser) lookAgain(now time.Time) time.Time { return now.Add(sharedPoll) }
+
+// oneByOne: other daemons ack and touch due messages at the same time, and
+// one conflict fails a whole batch.
+func (l *sharedLeaser) oneByOne() bool { return true }
+
+func (l *sharedLeaser) lostRace(err error) bool { return errors.Is(err, ErrNotFound) }
+
+// pick is Next's attempt on a shared store: the store picks and leases
+// the message in one transaction (FOR UPDATE SKIP LOCKED), so daemons on
+// several hosts never lease one message twice. Names this daemon has an
+// operation on are skipped.
+func (l *sharedLeaser) pick(ctx context.Context, q *queue, consumer string, nonblock bool) (picked, error) {
+	c := l.c
 	q.mu.Lock()
 	if err := c.nextRefused(q); err != nil {
 		q.mu.Unlock()
@@ -342,7 +478,7 @@ func (c *Core) pickShared(ctx context.Context, q *queue, consumer string, nonblo
 	now := c.now()
 	q.commitBegins() // a lease moves a message out of ready
 	defer q.commitEnds()
-	m, err := c.shared.LeaseNext(context.WithoutCancel(ctx), q.name, skip, func(m Message) Message {
+	m, err := l.ss.LeaseNext(context.WithoutCancel(ctx), q.name, skip, func(m Message) Message {
 		b = batch{}
 		c.leaseOps(q, m, &p, now, consumer, &b)
 		return b.ops[0].Msg

@@ -113,7 +113,7 @@ func (c *Core) Stats(ctx context.Context, queueName string) (QueueStats, error) 
 	if err != nil {
 		return QueueStats{}, err
 	}
-	if err := c.refreshCounts(ctx); err != nil {
+	if err := c.gauges.refresh(ctx); err != nil {
 		return QueueStats{}, err
 	}
 	now := c.now()
@@ -159,11 +159,7 @@ func (c *Core) Stats(ctx context.Context, queueName string) (QueueStats, error) 
 func (c *Core) DaemonStats(ctx context.Context) (DaemonStats, error) {
 	d := DaemonStats{
 		Version: c.opts.Version, Backend: c.opts.Backend, Store: c.opts.StorePath,
-		UptimeSec: c.now().Sub(c.started).Seconds(), Queues: []QueueStats{},
-	}
-	if c.shared != nil {
-		duty := c.shared.Duty()
-		d.Duty = &duty
+		UptimeSec: c.now().Sub(c.started).Seconds(), Duty: c.leaser.reportDuty(), Queues: []QueueStats{},
 	}
 	if c.space != nil {
 		d.Disk = c.space.stats()

@@ -158,16 +158,8 @@ func (c *Core) commit(ctx context.Context, b *batch) error {
 	if len(b.ops) == 0 {
 		return nil
 	}
-	if c.shared != nil {
-		for _, d := range b.deltas {
-			d.q.commitBegins()
-		}
-		defer func() {
-			for _, d := range b.deltas {
-				d.q.commitEnds()
-			}
-		}()
-	}
+	c.gauges.committing(b.deltas)
+	defer c.gauges.done(b.deltas)
 	err := c.store.Apply(context.WithoutCancel(ctx), b.ops)
 	if err != nil && c.space != nil && !b.inserts() && c.space.relieve(ctx, err) {
 		// A drain (lease, ack, nack, delete) met a full disk: the
@@ -208,11 +200,7 @@ func (c *Core) applied(b *batch) {
 		}
 		d.q.mu.Unlock()
 	}
-	if c.shared == nil {
-		for _, t := range b.touched {
-			t.q.names.wrote(t.m, t.gone)
-		}
-	}
+	c.names.wrote(b.touched)
 	for _, f := range b.counts {
 		f(now)
 	}
