@@ -74,10 +74,7 @@ func TestTimesPast2038(t *testing.T) {
 	start := y2038.Add(-10 * time.Second)
 	for _, s := range stores {
 		t.Run(s.name, func(t *testing.T) {
-			if s.name == "postgres" {
-				postgresServer(t)
-			}
-			e := &env{t: t, ctx: context.Background(), dir: t.TempDir(), open: s.open,
+			e := &env{t: t, ctx: context.Background(), dir: t.TempDir(), open: s.opener(t),
 				clock: testenv.NewFakeClock(start), notes: &notes{ch: make(chan queuecore.Event, 1024)}}
 			e.start()
 			t.Cleanup(e.stop)

@@ -57,8 +57,6 @@ const (
 	envChildStore = "YIRANGMQ_BENCH_CHILD_STORE"
 )
 
-type openStore = func(ctx context.Context, dir string, sync queuecore.SyncMode) (queuecore.Store, error)
-
 // benchBody is a fresh 256-byte message body.
 func benchBody() []byte { return bytes.Repeat([]byte("x"), benchBodySize) }
 
@@ -227,7 +225,7 @@ func BenchmarkPublish(b *testing.B) {
 	for _, s := range stores {
 		for _, mode := range durableModes() {
 			b.Run(s.name+"/"+mode.String(), func(b *testing.B) {
-				e := openBench(b, s.open, b.TempDir(), mode)
+				e := openBench(b, s.opener(b), b.TempDir(), mode)
 				e.queue(b, "")
 				body := benchBody()
 				m := startMeter(b)
@@ -254,7 +252,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 			for _, archive := range []struct{ name, policy string }{{"off", policyNoArchive}, {"default", ""}} {
 				name := s.name + "/" + mode.String() + "/archive=" + archive.name
 				b.Run(name, func(b *testing.B) {
-					e := openBench(b, s.open, b.TempDir(), mode)
+					e := openBench(b, s.opener(b), b.TempDir(), mode)
 					e.queue(b, archive.policy)
 					body := benchBody()
 					m := startMeter(b)
@@ -371,7 +369,7 @@ func BenchmarkPublishParallel(b *testing.B) {
 				for _, v := range variants {
 					name := mode.String() + "/" + v
 					b.Run(name, func(b *testing.B) {
-						e := openBench(b, s.open, b.TempDir(), mode)
+						e := openBench(b, s.opener(b), b.TempDir(), mode)
 						e.queue(b, "")
 						res[name] = publishParallel(b, e, v == "one-fsync-per-msg")
 					})
@@ -454,7 +452,7 @@ func BenchmarkScale(b *testing.B) {
 					if lvl.n > 1000 && !want1M() {
 						b.Skipf("set %s=1 or name 1M in -bench to run", env1M)
 					}
-					costs[i] = benchScale(b, s.name, s.open, lvl.n)
+					costs[i] = benchScale(b, s.name, s.opener(b), lvl.n)
 				})
 			}
 			// Goal: leasing and stats within 2x of their cost with 100.
@@ -647,7 +645,7 @@ func TestScaleMemoryChild(t *testing.T) {
 	var open openStore
 	for _, s := range stores {
 		if s.name == storeName {
-			open = s.open
+			open = s.opener(t)
 		}
 	}
 	if open == nil {

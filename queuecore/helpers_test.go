@@ -5,8 +5,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,21 +19,34 @@ import (
 	"yirangmq/testenv/pgtest"
 )
 
-// stores are the stores every queuecore test runs on.
+// openStore opens a store in dir (a reopen of dir finds its data).
+type openStore = func(ctx context.Context, dir string, sync queuecore.SyncMode) (queuecore.Store, error)
+
+// stores are the stores every queuecore test runs on. opener returns the
+// function that opens one; it skips tb when the store cannot run here (no
+// PostgreSQL server).
 var stores = []struct {
-	name string
-	open func(ctx context.Context, dir string, sync queuecore.SyncMode) (queuecore.Store, error)
+	name   string
+	opener func(tb testing.TB) openStore
 }{
-	{"sqlite", func(ctx context.Context, dir string, sync queuecore.SyncMode) (queuecore.Store, error) {
-		return sqlite.Open(ctx, dir, backends.Options{Sync: sync})
-	}},
-	{"fs", func(ctx context.Context, dir string, sync queuecore.SyncMode) (queuecore.Store, error) {
-		return fs.Open(ctx, dir, backends.Options{Sync: sync})
-	}},
-	{"postgres", func(ctx context.Context, dir string, sync queuecore.SyncMode) (queuecore.Store, error) {
-		if pg == nil {
-			return nil, errNoPostgres
+	{"sqlite", func(testing.TB) openStore {
+		return func(ctx context.Context, dir string, sync queuecore.SyncMode) (queuecore.Store, error) {
+			return sqlite.Open(ctx, dir, backends.Options{Sync: sync})
 		}
+	}},
+	{"fs", func(testing.TB) openStore {
+		return func(ctx context.Context, dir string, sync queuecore.SyncMode) (queuecore.Store, error) {
+			return fs.Open(ctx, dir, backends.Options{Sync: sync})
+		}
+	}},
+	{"postgres", postgresOpener},
+}
+
+// postgresOpener opens postgres stores, each in a schema of its own (by
+// directory) on the package's server; it skips tb without one.
+func postgresOpener(tb testing.TB) openStore {
+	pg := postgresServer(tb)
+	return func(ctx context.Context, dir string, sync queuecore.SyncMode) (queuecore.Store, error) {
 		// The same directory, the same schema: a reopen finds its data.
 		sum := sha256.Sum256([]byte(dir))
 		u, err := pg.SchemaURL(ctx, "queuecore", "q_"+hex.EncodeToString(sum[:10]))
@@ -41,38 +54,36 @@ var stores = []struct {
 			return nil, err
 		}
 		return postgres.Open(ctx, u, backends.Options{Sync: sync})
-	}},
-}
-
-// pg is the PostgreSQL server of the postgres store's runs, started by the
-// first of them (so that a fuzzing worker, which runs this binary too,
-// never starts one) and stopped by TestMain.
-var (
-	pgOnce        sync.Once
-	pg            *pgtest.Server
-	pgStop        = func() {}
-	pgErr         error
-	errNoPostgres = errors.New("no PostgreSQL server")
-)
-
-// postgresServer returns the server, or skips t (fails it when required).
-func postgresServer(t *testing.T) *pgtest.Server {
-	t.Helper()
-	pgOnce.Do(func() { pg, pgStop, pgErr = pgtest.StartMain() })
-	switch {
-	case pgErr == nil:
-		return pg
-	case errors.Is(pgErr, pgtest.ErrNoPostgres) && os.Getenv(pgtest.EnvRequire) != "1":
-		t.Skipf("no PostgreSQL server here: %v", pgErr)
-	default:
-		t.Fatalf("PostgreSQL server: %v", pgErr)
 	}
-	return nil
 }
 
+// postgresServer returns the PostgreSQL server of the postgres store's
+// runs, or skips tb (fails it when pgtest.EnvRequire=1). It is the one
+// that TestMain started for the whole package: pgtest.Start attaches to
+// it. A fuzzing worker, which runs this binary too, attaches to the one
+// of its parent.
+func postgresServer(tb testing.TB) *pgtest.Server {
+	tb.Helper()
+	return pgtest.Start(tb)
+}
+
+// TestMain starts the package's PostgreSQL server (see postgresServer)
+// and stops it at the end. Without PostgreSQL binaries the postgres runs
+// skip, or fail with pgtest.EnvRequire=1 (pgtest.Start); a server that
+// is there but does not start fails the package.
 func TestMain(m *testing.M) {
+	pg, stop, err := pgtest.StartMain()
+	switch {
+	case err == nil:
+		undo := pg.ExportMain()
+		stopServer := stop
+		stop = func() { undo(); stopServer() }
+	case !errors.Is(err, pgtest.ErrNoPostgres):
+		fmt.Fprintf(os.Stderr, "PostgreSQL server: %v\n", err)
+		os.Exit(1)
+	}
 	code := m.Run()
-	pgStop()
+	stop()
 	os.Exit(code)
 }
 
@@ -83,7 +94,7 @@ type env struct {
 	t     *testing.T
 	ctx   context.Context
 	dir   string
-	open  func(ctx context.Context, dir string, sync queuecore.SyncMode) (queuecore.Store, error)
+	open  openStore
 	store queuecore.Store
 	core  *queuecore.Core
 	clock *testenv.FakeClock
@@ -104,10 +115,7 @@ func eachStore(t *testing.T, f func(t *testing.T, e *env)) {
 	t.Helper()
 	for _, s := range stores {
 		t.Run(s.name, func(t *testing.T) {
-			if s.name == "postgres" {
-				postgresServer(t)
-			}
-			f(t, newEnv(t, s.open))
+			f(t, newEnv(t, s.opener(t)))
 		})
 	}
 }
@@ -126,8 +134,7 @@ func newEnv(t *testing.T, open openStore) *env {
 // skips t when there is no PostgreSQL server here.
 func postgresEnv(t *testing.T, wrap func(queuecore.Store) queuecore.Store) *env {
 	t.Helper()
-	postgresServer(t)
-	open := stores[2].open
+	open := postgresOpener(t)
 	return newEnv(t, func(ctx context.Context, dir string, sync queuecore.SyncMode) (queuecore.Store, error) {
 		st, err := open(ctx, dir, sync)
 		if err != nil {

@@ -40,7 +40,7 @@ func TestFloorRefusesPublishesOnly(t *testing.T) {
 		t.Run(s.name, func(t *testing.T) {
 			ctx := context.Background()
 			dir := t.TempDir()
-			st, err := s.open(ctx, dir, queuecore.SyncNormal)
+			st, err := s.opener(t)(ctx, dir, queuecore.SyncNormal)
 			if err != nil {
 				t.Fatal(err)
 			}

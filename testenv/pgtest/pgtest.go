@@ -14,7 +14,9 @@
 //
 // A child process of a test (a crash test re-runs the test binary) can be
 // pointed at its parent's server with Export: Start and StartMain then
-// attach to that server instead of starting one, and never stop it.
+// attach to that server instead of starting one, and never stop it. The
+// same way, TestMain can start one server for the tests of a package
+// (StartMain, then ExportMain), each of which gets it from Start.
 //
 // StartWith and NewWith take Options: more addresses to listen on (as the
 // host side of a veth pair, for a client in another network namespace)
@@ -375,6 +377,21 @@ func (s *Server) trust(nets []string) error {
 func (s *Server) Export(t testing.TB) {
 	t.Helper()
 	t.Setenv(EnvServer, fmt.Sprintf("%d %s", s.port, s.dir))
+}
+
+// ExportMain is Export for TestMain, which owns the server: every test of
+// the process then gets it from Start (which attaches to it and never
+// stops it), and so do child processes, until undo.
+func (s *Server) ExportMain() (undo func()) {
+	old, had := os.LookupEnv(EnvServer)
+	os.Setenv(EnvServer, fmt.Sprintf("%d %s", s.port, s.dir))
+	return func() {
+		if had {
+			os.Setenv(EnvServer, old)
+		} else {
+			os.Unsetenv(EnvServer)
+		}
+	}
 }
 
 // CreateDB creates database name, which must not exist, and returns its URL.
