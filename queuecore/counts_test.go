@@ -2,6 +2,7 @@ package queuecore_test
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 
@@ -86,4 +87,47 @@ func TestSharedGaugesOverlappingCommit(t *testing.T) {
 	}
 	equal(t, "ready once d is applied", e.stats("jobs").Ready, int64(4))
 	equal(t, "ready read again", e.settledStats("jobs").Ready, int64(4))
+}
+
+// TestSharedGaugesBusyQueue: a queue whose every read of the counts
+// overlaps a commit of this core keeps its own count for three reads,
+// then takes the store's, so that another daemon's publish shows however
+// busy this core is, and its own commits are still counted once.
+func TestSharedGaugesBusyQueue(t *testing.T) {
+	var hs *hookStore
+	e := postgresEnv(t, func(st queuecore.Store) queuecore.Store {
+		hs = &hookStore{SharedStore: st.(queuecore.SharedStore)}
+		return hs
+	})
+	e.queue("jobs", "")
+	e.publish("jobs", "a", "1")
+	equal(t, "ready at start", e.settledStats("jobs").Ready, int64(1))
+
+	// Another daemon on the same store publishes one.
+	other, err := postgresOpener(t)(e.ctx, e.dir, queuecore.SyncNormal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	oc, err := queuecore.Open(e.ctx, other, queuecore.Options{Clock: e.clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer oc.Close()
+	if _, err := oc.Publish(e.ctx, "jobs", "remote", []byte("r"), queuecore.PublishOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Every read overlaps a publish of this core.
+	for i, want := range []int64{2, 3, 4, 6} {
+		name := fmt.Sprintf("local-%d", i)
+		during := func() {
+			if _, err := e.core.Publish(e.ctx, "jobs", name, []byte("l"), queuecore.PublishOptions{}); err != nil {
+				t.Error(err)
+			}
+		}
+		hs.afterCounts.Store(&during)
+		equal(t, fmt.Sprintf("ready after overlapped read %d", i+1), e.settledStats("jobs").Ready, want)
+	}
+	equal(t, "ready read again, nothing overlapping", e.settledStats("jobs").Ready, int64(6))
 }
