@@ -221,11 +221,10 @@ func TestDiskFullFromOutside(t *testing.T) {
 			// Both stores come back without a restart: what the full disk
 			// stopped (the fs store's body files) was put off, not failed.
 			var after string
-			for start := time.Now(); ; time.Sleep(20 * time.Millisecond) {
-				if after = publish("after-free", 10); after == "OK" || time.Since(start) > 20*time.Second {
-					break
-				}
-			}
+			testenv.RetryUntil(20*time.Second, func() bool {
+				after = publish("after-free", 10)
+				return after == "OK"
+			})
 			t.Logf("%s store, publish once the space is back: %s", backend, after)
 			if after != "OK" {
 				t.Errorf("publish once the space is back: %s, want OK without a restart", after)

@@ -636,7 +636,7 @@ func hostileNextReaders(t *testing.T, d *testenv.Daemon) {
 		}
 	}
 	testenv.MustRetryUntil(t, 20*time.Second, "published messages delivered", func() bool { return finished.Load() >= readers-maxReaders+published })
-	time.Sleep(100 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // give a wrong extra return the time to show
 	if got := finished.Load(); got != readers-maxReaders+published {
 		t.Fatalf("%d readers returned after %d publishes, want %d", got, published, readers-maxReaders+published)
 	}
@@ -678,7 +678,7 @@ func hostileNextReaders(t *testing.T, d *testenv.Daemon) {
 	if o, w, c := rawPublish(filepath.Join(qn, "inbox", "after"), []byte("after")); o+w+c != "OKOKOK" {
 		t.Fatalf("publish after: %s %s %s", o, w, c)
 	}
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(200 * time.Millisecond) // give a reader that should be gone the time to take "after"
 	wantNames(t, "inbox after the readers left", ls(t, filepath.Join(qn, "inbox")), "after")
 	for key, want := range map[string]float64{"inflight": published, "ready": 1, "leased_total": published} {
 		if got := stat(t, qn, key); got != want {

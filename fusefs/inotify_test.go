@@ -77,7 +77,10 @@ func inotifyEvents(t *testing.T, fd int, wait time.Duration) string {
 	for time.Now().Before(end) {
 		n, err := unix.Read(fd, buf)
 		if err == unix.EAGAIN || n <= 0 {
-			time.Sleep(20 * time.Millisecond)
+			// Wait for the next event or the end of the window.
+			if ms := int(time.Until(end) / time.Millisecond); ms > 0 {
+				unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, ms)
+			}
 			continue
 		}
 		if err != nil {

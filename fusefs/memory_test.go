@@ -94,15 +94,14 @@ func TestMemoryBudgetRefusesNewMessages(t *testing.T) {
 	// 16 MiB: less than the daemon needs to start, so it is over at once.
 	d := testenv.StartDaemon(t, testenv.DaemonOptions{Args: []string{"--memory-budget", "16MiB"}})
 	q := mkq(t, d, "q", "")
-	deadline := time.Now().Add(10 * time.Second)
+	// The watcher looks twice a second: publish until it has seen.
 	var err error
-	for i := 0; ; i++ {
+	i := 0
+	testenv.RetryUntil(10*time.Second, func() bool {
 		err = os.WriteFile(filepath.Join(q, "inbox", "m"+strconv.Itoa(i)), []byte("x\n"), 0o644)
-		if err != nil || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(100 * time.Millisecond) // the watcher looks twice a second
-	}
+		i++
+		return err != nil
+	})
 	if !isErrno(err, syscall.ENOSPC) {
 		t.Fatalf("publish at the budget: %v, want ENOSPC", err)
 	}

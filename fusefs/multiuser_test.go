@@ -339,7 +339,7 @@ func (m *multiUser) nextReaders(t *testing.T) {
 	mkq(t, d, "rq", "")
 	a := m.startReaders(t, nobody, 12, "open", "a")
 	testenv.MustRetryUntil(t, 30*time.Second, "nobody's readers past 10 refused", func() bool { return m.countOut("a", "read=EBUSY") >= 2 })
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(200 * time.Millisecond) // give a wrong extra return the time to show
 	if n := m.countOut("a", "read="); n != 2 {
 		t.Fatalf("%d of nobody's 12 readers returned, want the 2 past the per-uid cap", n)
 	}

@@ -279,7 +279,7 @@ func TestNext(t *testing.T) {
 		// A blocked reader wakes on publish.
 		done := make(chan string, 1)
 		go func() { done <- testenv.MustSh(t, q, `cat .next`) }()
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // let cat block first; nothing shows it (a reader not yet blocked gets j2 too)
 		testenv.MustSh(t, q, `echo late > inbox/j2`)
 		select {
 		case got := <-done:

@@ -286,7 +286,7 @@ func TestTempRenameRace(t *testing.T) {
 			for {
 				names := ls(t, inbox)
 				if len(names) == 0 {
-					time.Sleep(time.Millisecond)
+					time.Sleep(time.Millisecond) // a consumer polling an empty inbox/, not a wait of the test
 				}
 				for _, name := range names {
 					if os.Rename(filepath.Join(inbox, name), filepath.Join(processing, name)) == nil {

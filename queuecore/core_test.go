@@ -374,8 +374,8 @@ func TestExtendKeepsLease(t *testing.T) {
 			t.Fatal(err)
 		}
 		equal(t, "deadline", m.Deadline, t0.Add(18*time.Second))
-		e.clock.Advance(5 * time.Second) // past the first deadline, not the new one
-		time.Sleep(20 * time.Millisecond)
+		e.clock.Advance(5 * time.Second)  // past the first deadline, not the new one
+		time.Sleep(20 * time.Millisecond) // give a wrong expiry the time to show: nothing marks the scheduler idle
 		e.get("q", queuecore.StateLeased, "m")
 		m, err = e.core.Extend(e.ctx, "q", "m", t0.Add(24*time.Hour)) // capped
 		if err != nil {

@@ -323,7 +323,7 @@ func TestRecoverBothJournals(t *testing.T) {
 // measured scheduling, not group commit).
 func TestGroupCommit(t *testing.T) {
 	slow := func(fd int) error {
-		time.Sleep(2 * time.Millisecond)
+		time.Sleep(2 * time.Millisecond) // a slow disk, simulated
 		return unix.Fdatasync(fd)
 	}
 	s := openTest(t, t.TempDir(), queuecore.SyncFull, config{fdatasync: slow}, nil)

@@ -16,6 +16,7 @@ import (
 	"yirangmq/backends"
 	"yirangmq/backends/backendtest"
 	"yirangmq/queuecore"
+	"yirangmq/testenv"
 	"yirangmq/testenv/pgtest"
 )
 
@@ -87,22 +88,16 @@ func waitIdle(ctx context.Context, u, holder string) error {
 		return err
 	}
 	defer c.Close(context.Background())
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		var n int
-		err := c.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+	var n int
+	var qerr error
+	if testenv.RetryUntil(20*time.Second, func() bool {
+		qerr = c.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND application_name = $1`, "yirangmq: "+holder).Scan(&n)
-		if err != nil {
-			return err
-		}
-		if n == 0 {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%d sessions of %s still connected after 20s", n, holder)
-		}
-		time.Sleep(10 * time.Millisecond)
+		return qerr != nil || n == 0
+	}) {
+		return qerr
 	}
+	return fmt.Errorf("%d sessions of %s still connected after 20s", n, holder)
 }
 
 // sharedOpener opens checked stores for backendtest.RunShared.
@@ -170,16 +165,4 @@ func (r *logRecorder) count(s string) int {
 		}
 	}
 	return n
-}
-
-// eventually polls cond every 20ms until it holds or d passes.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, d)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }

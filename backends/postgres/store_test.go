@@ -15,6 +15,7 @@ import (
 
 	"yirangmq/backends"
 	"yirangmq/queuecore"
+	"yirangmq/testenv"
 	"yirangmq/testenv/pgtest"
 )
 
@@ -194,7 +195,7 @@ func TestUnreachable(t *testing.T) {
 		t.Fatal(err)
 	}
 	heard.waitFor(t, queuecore.Change{Queue: "q", Name: "m1", To: queuecore.StateReady})
-	eventually(t, 10*time.Second, "one store takes the duty", func() bool { return s1.Duty() != s2.Duty() })
+	testenv.MustRetryUntil(t, 10*time.Second, "one store takes the duty", func() bool { return s1.Duty() != s2.Duty() })
 
 	if err := srv.Stop(); err != nil {
 		t.Fatal(err)
@@ -240,7 +241,7 @@ func TestUnreachable(t *testing.T) {
 			}
 		}
 	}
-	eventually(t, 5*time.Second, "both stores drop the duty", func() bool { return !s1.Duty() && !s2.Duty() })
+	testenv.MustRetryUntil(t, 5*time.Second, "both stores drop the duty", func() bool { return !s1.Duty() && !s2.Duty() })
 	time.Sleep(3 * time.Second) // the listener and duty goroutines retry meanwhile
 	for _, what := range []string{"change listener", "duty: cannot"} {
 		if n := logs.count(what); n > 2 {
@@ -274,7 +275,7 @@ func TestUnreachable(t *testing.T) {
 		t.Fatal(err)
 	}
 	heard.waitFor(t, queuecore.Change{Queue: "q", Name: "m3", To: queuecore.StateReady})
-	eventually(t, 10*time.Second, "one store takes the duty again", func() bool { return s1.Duty() != s2.Duty() })
+	testenv.MustRetryUntil(t, 10*time.Second, "one store takes the duty again", func() bool { return s1.Duty() != s2.Duty() })
 	t.Logf("logs of store 1:\n%s", strings.Join(logs.get(), "\n"))
 }
 
@@ -293,7 +294,7 @@ func (l *changeLog) add(c queuecore.Change) {
 // waitFor waits until l has heard c.
 func (l *changeLog) waitFor(t *testing.T, c queuecore.Change) {
 	t.Helper()
-	eventually(t, 15*time.Second, fmt.Sprintf("hear %+v", c), func() bool {
+	testenv.MustRetryUntil(t, 15*time.Second, fmt.Sprintf("hear %+v", c), func() bool {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		return slices.Contains(l.cs, c)
@@ -325,7 +326,7 @@ func TestCloseLeaksNothing(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(20 * time.Millisecond)
+	time.Sleep(20 * time.Millisecond) // let Close land among the commits
 	if err := s.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
@@ -339,7 +340,7 @@ func TestCloseLeaksNothing(t *testing.T) {
 	if s.Duty() {
 		t.Error("a closed store reports the duty")
 	}
-	eventually(t, 5*time.Second, "goroutines back to their number before Open", func() bool {
+	testenv.MustRetryUntil(t, 5*time.Second, "goroutines back to their number before Open", func() bool {
 		return runtime.NumGoroutine() <= before
 	})
 }

@@ -17,6 +17,7 @@ import (
 
 	"yirangmq/backends"
 	"yirangmq/queuecore"
+	"yirangmq/testenv"
 )
 
 // Tests of what is particular to the SQLite store; the behaviour every
@@ -89,18 +90,14 @@ func countCommits(s *Store) *atomic.Int64 {
 // waitPending waits until n batches are queued for the group commit.
 func waitPending(t *testing.T, s *Store, n int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	got := 0
+	if !testenv.RetryUntil(10*time.Second, func() bool {
 		s.groupMu.Lock()
-		got := len(s.pending)
+		got = len(s.pending)
 		s.groupMu.Unlock()
-		if got >= n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d batches queued after 10s, want %d", got, n)
-		}
-		time.Sleep(time.Millisecond)
+		return got >= n
+	}) {
+		t.Fatalf("%d batches queued after 10s, want %d", got, n)
 	}
 }
 

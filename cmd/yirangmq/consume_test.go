@@ -187,7 +187,7 @@ func TestConsumeCancelIdle(t *testing.T) {
 	go func() {
 		done <- cliCtx(ctx, t, "", "consume", "--mount", d.Mountpoint, "--queue", "jobs", "--concurrency", "4", "--", "cat")
 	}()
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // let the workers block on .next first; nothing outside shows it
 	cancel()
 	select {
 	case r := <-done:
@@ -198,7 +198,7 @@ func TestConsumeCancelIdle(t *testing.T) {
 		t.Fatal("consume did not stop when cancelled")
 	}
 	publishN(t, d, "jobs", "after")
-	time.Sleep(100 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // a lease taken after the stop would show by now
 	if s := queueStats(t, d, "jobs"); s.LeasedTotal != 0 || s.Ready != 1 {
 		t.Errorf("leased %d, ready %d after the stop; want 0 and 1", s.LeasedTotal, s.Ready)
 	}
@@ -245,7 +245,7 @@ func TestReadNextInterrupt(t *testing.T) {
 		_, err := readNext(stop, d.Path("jobs", ".next"), false)
 		res <- err
 	}()
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(200 * time.Millisecond) // let readNext block first; nothing outside shows it
 	close(stop)
 	select {
 	case err := <-res:

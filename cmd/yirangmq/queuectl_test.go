@@ -168,7 +168,7 @@ func TestDrain(t *testing.T) {
 	done := make(chan cliResult, 1)
 	go func() { done <- cli(t, "", "drain", "--mount", d.Mountpoint, "--queue", "jobs", "--timeout", "20s") }()
 	for _, n := range []string{"a", "b", "c"} {
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // give a drain that returns too early the time to show
 		select {
 		case r := <-done:
 			t.Fatalf("drain returned with messages left: %+v", r)

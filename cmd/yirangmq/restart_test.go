@@ -154,7 +154,7 @@ func TestRestartLoopAfterKill9(t *testing.T) {
 					}
 				}
 				inflight[i].Store(0)
-				time.Sleep(time.Millisecond)
+				time.Sleep(time.Millisecond) // pacing of the load
 			}
 		}()
 	}

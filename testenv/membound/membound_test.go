@@ -117,7 +117,7 @@ func runBacklog(t *testing.T, store string, total int) {
 						stop.Store(true) // the daemon stays at its budget
 						return
 					}
-					time.Sleep(100 * time.Millisecond)
+					time.Sleep(100 * time.Millisecond) // a refused producer's pacing
 				}
 			}
 		}()
@@ -214,13 +214,13 @@ const maxMessageInodes = 1024
 // message inodes (MOUNT/.metrics), and returns how many it holds.
 func waitMessageInodes(t *testing.T, d *testenv.Daemon, limit int64) int64 {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	var got int64
+	if !testenv.RetryUntil(15*time.Second, func() bool {
 		b, err := os.ReadFile(d.Path(".metrics"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := int64(-1)
+		got = -1
 		for _, line := range strings.Split(string(b), "\n") {
 			if v, ok := strings.CutPrefix(line, "yirangmq_message_inodes "); ok {
 				got, _ = strconv.ParseInt(v, 10, 64)
@@ -229,14 +229,11 @@ func waitMessageInodes(t *testing.T, d *testenv.Daemon, limit int64) int64 {
 		if got < 0 {
 			t.Fatal("no yirangmq_message_inodes in .metrics")
 		}
-		if got <= limit {
-			return got
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the daemon holds %d message inodes 15 s after the publish, limit %d", got, limit)
-		}
-		time.Sleep(200 * time.Millisecond)
+		return got <= limit
+	}) {
+		t.Fatalf("the daemon holds %d message inodes 15 s after the publish, limit %d", got, limit)
 	}
+	return got
 }
 
 func stat(t *testing.T, d *testenv.Daemon) map[string]int64 {

@@ -214,7 +214,7 @@ func TestProducersOnOneConsumersOnTheOther(t *testing.T) {
 			}
 			if name == "" {
 				idle++
-				time.Sleep(50 * time.Millisecond)
+				time.Sleep(50 * time.Millisecond) // an idle consumer's pacing
 				continue
 			}
 			idle = 0
@@ -429,7 +429,7 @@ func TestExpiryOnceAndDutyTakeover(t *testing.T) {
 	}
 	// The killed one comes back and does not take the duty from the holder.
 	holder.Restart(t)
-	time.Sleep(2 * time.Second)
+	time.Sleep(2 * time.Second) // a wrong takeover of the duty would show by now
 	if ok, err := duty(holder); err != nil || ok {
 		t.Errorf("restarted daemon: duty %v, %v; want false while the other holds it", ok, err)
 	}

@@ -397,7 +397,7 @@ func testNetworkSplit(t *testing.T, nsIndex int, hostSide bool) {
 			recordB(timeOp("publish", func() error {
 				return l.publish(b, "B", "jobs", fmt.Sprintf("split-B-%02d", i))
 			}))
-			time.Sleep(200 * time.Millisecond)
+			time.Sleep(200 * time.Millisecond) // pacing of the load
 		}
 	}()
 	go func() {
@@ -440,7 +440,7 @@ func testNetworkSplit(t *testing.T, nsIndex int, hostSide bool) {
 				aErrs = append(aErrs, fmt.Errorf("%s on A during the split: %w", r.what, r.err))
 				return
 			}
-			time.Sleep(50 * time.Millisecond)
+			time.Sleep(50 * time.Millisecond) // pacing of the load
 		}
 	}()
 
@@ -609,7 +609,7 @@ func testNetworkSplit(t *testing.T, nsIndex int, hostSide bool) {
 		if time.Since(healed) > splitRecover {
 			t.Fatalf("B did not publish again within %v of the link coming back; failures: %v\nB's log:\n%s", splitRecover, failures, b.Log()[offB:])
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // pacing of the retries, each of which is recorded
 	}
 	t.Logf("heal: B published again %v after the link came back (%d failed attempts before: %v)", recovered.Round(time.Millisecond), len(failures), failures)
 	for i := 100; i < 110; i++ {
@@ -631,7 +631,7 @@ func testNetworkSplit(t *testing.T, nsIndex int, hostSide bool) {
 			t.Errorf("after the heal: duty A %v (%v), B %v (%v); want A alone", da, errA, db, errB)
 			break
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) // a wrong takeover of the duty would show within these 2 s
 	}
 
 	// Drain on A, then count.

@@ -474,7 +474,7 @@ func runChild(t *testing.T, spec childSpec, hist []*history, target int, wait ti
 	timeout := time.After(30 * time.Second)
 	select {
 	case <-reached:
-		time.Sleep(wait)
+		time.Sleep(wait) // the kill lands this long after the target: on purpose
 	case <-done:
 	case <-timeout:
 	}
