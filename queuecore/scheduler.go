@@ -101,7 +101,7 @@ func (s *scheduler) work() time.Time {
 	ctx := context.Background()
 	now := c.now()
 	if !c.leaser.duty() {
-		return now.Add(sharedPoll) // another daemon does it; look again for a takeover
+		return c.leaser.lookAgain(now) // another daemon does it; look again for a takeover
 	}
 	var next time.Time
 	soonest := func(t time.Time) {
