@@ -81,7 +81,8 @@ demo: build
 # go-fuse loopback mount, a goqite-style SQLite queue and POSIX message
 # queues, in one run. Prints the tables and the goals; writes
 # results/bench-<time>.{json,png} and results/bench-latest.{json,png}.
-# About 6 minutes; BENCH_QUICK=1 about 1.5; BENCH_MILLION=1 fills 1,000,000
+# About 8 minutes; BENCH_QUICK=1 about 2.5-4 (more on a loaded machine);
+# BENCH_MILLION=1 fills 1,000,000
 # ready messages for the scale run (about 45 s more).
 BENCH_FLAGS = $(if $(filter 1,$(BENCH_QUICK)),--quick) $(if $(filter 1,$(BENCH_MILLION)),--million)
 bench: build

@@ -49,22 +49,24 @@ type suiteConfig struct {
 	clients              []int
 	backends, syncs      []string
 
-	messages        int // per phase: plain directory, loopback and mounts
-	durableMessages int // per phase: plain directory with fsync
-	inprocMessages  int // per phase: queuecore normal, goqite
-	inprocFull      int // per phase: queuecore full (fsync-bound)
-	mqMessages      int // per phase: POSIX mqueue
-	nextSamples     int // wake-ups per mount (and inotify, mqueue)
-	expirySamples   int // redeliveries per mount
-	churnMessages   int // round trips before the "after many messages" RSS
-	ready           int // ready messages of the scale run
-	scaleRoundTrips int // round trips per queue in the scale run
-	floorOps        int
-	warmup          int
-	idle            time.Duration
-	bigMessages     int           // 1 MiB messages per system and round (0: skip)
-	latencyPeak     int           // round trips of the peak before the paced load
-	latencySeconds  time.Duration // the paced load per store (0: skip)
+	messages           int // per phase: plain directory, loopback and mounts
+	durableMessages    int // per phase: plain directory with fsync
+	inprocMessages     int // per phase: queuecore normal, goqite
+	inprocFull         int // per phase: queuecore full (fsync-bound)
+	mqMessages         int // per phase: POSIX mqueue
+	nextSamples        int // wake-ups per mount (and inotify, mqueue)
+	expirySamples      int // redeliveries per mount
+	churnMessages      int // round trips before the "after many messages" RSS
+	ready              int // ready messages of the scale run
+	scaleRoundTrips    int // round trips per queue in the scale run
+	floorOps           int
+	warmup             int
+	idle               time.Duration
+	interleaveMessages int           // per operation and round of the interleaved step
+	interleaveRounds   int           // rounds of the interleaved step
+	bigMessages        int           // 1 MiB messages per system and round (0: skip)
+	latencyPeak        int           // round trips of the peak before the paced load
+	latencySeconds     time.Duration // the paced load per store (0: skip)
 
 	cacheTimeout          time.Duration
 	outDir, bin, workBase string
@@ -77,6 +79,7 @@ func defaultSuiteConfig(quick bool) suiteConfig {
 		messages: 3000, durableMessages: 500, inprocMessages: 20000, inprocFull: 3000, mqMessages: 200000,
 		nextSamples: 300, expirySamples: 10, churnMessages: 100_000, ready: 100_000, scaleRoundTrips: 2000,
 		floorOps: 20000, warmup: 200, idle: 60 * time.Second, cacheTimeout: time.Second,
+		interleaveMessages: 1500, interleaveRounds: 3,
 		bigMessages: 96, latencyPeak: 2000, latencySeconds: 20 * time.Second,
 		outDir: "results", workBase: defaultWorkBase(),
 	}
@@ -84,6 +87,7 @@ func defaultSuiteConfig(quick bool) suiteConfig {
 		c.messages, c.durableMessages, c.inprocMessages, c.inprocFull, c.mqMessages = 800, 200, 4000, 800, 50000
 		c.nextSamples, c.expirySamples, c.churnMessages, c.ready, c.scaleRoundTrips = 100, 4, 10_000, 20_000, 400
 		c.floorOps, c.warmup, c.idle = 5000, 100, 10*time.Second
+		c.interleaveMessages, c.interleaveRounds = 300, 2
 		c.bigMessages, c.latencyPeak, c.latencySeconds = 32, 600, 6*time.Second
 	}
 	return c
@@ -109,6 +113,7 @@ func suiteMain(args []string) int {
 	fl.IntVar(&cfg.churnMessages, "churn", cfg.churnMessages, "round trips through the sqlite/normal mount before its \"after many messages\" RSS (0: skip)")
 	fl.IntVar(&cfg.ready, "ready", cfg.ready, "ready messages of the scale run (0: skip)")
 	fl.DurationVar(&cfg.idle, "idle", cfg.idle, "idle window of the daemons (CPU, wakeups)")
+	fl.IntVar(&cfg.interleaveMessages, "interleaved", cfg.interleaveMessages, "messages per operation and round of the interleaved step (the goals' ratios)")
 	fl.IntVar(&cfg.bigMessages, "big", cfg.bigMessages, "1 MiB messages per system and round of the bandwidth step (0: skip)")
 	fl.DurationVar(&cfg.latencySeconds, "latency", cfg.latencySeconds, "length of the paced load per store of the latency step (0: skip)")
 	fl.StringVar(&cfg.outDir, "out-dir", cfg.outDir, "where to write bench-STAMP.{json,png} and bench-latest.{json,png}")
@@ -130,8 +135,8 @@ func suiteMain(args []string) int {
 			return 2
 		}
 	}
-	if cfg.messages < 1 || cfg.idle < time.Second {
-		fmt.Fprintln(os.Stderr, "mountbench suite: --messages must be positive and --idle at least 1s")
+	if cfg.messages < 1 || cfg.interleaveMessages < 1 || cfg.idle < time.Second {
+		fmt.Fprintln(os.Stderr, "mountbench suite: --messages and --interleaved must be positive and --idle at least 1s")
 		return 2
 	}
 

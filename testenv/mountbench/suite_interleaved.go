@@ -21,8 +21,6 @@ import (
 // system's figure adds up all its rounds. The mounts are the daemon's
 // default options (--sync full), on both local stores.
 
-const interleaveRounds = 3
-
 // interleaveAccum adds up one system's operation over the rounds.
 type interleaveAccum struct {
 	ops          int
@@ -36,7 +34,7 @@ type interleaveAccum struct {
 
 func (s *suite) runInterleaved(ctx context.Context) error {
 	systems := []string{sysLoopback, sysMount("sqlite", goalSync), sysGoqite, sysMount("fs", goalSync), sysInproc("sqlite", "normal")}
-	k := max(s.cfg.messages/2, 100)
+	k, rounds := s.cfg.interleaveMessages, s.cfg.interleaveRounds
 	bin, err := buildLoopback(ctx, s.root, s.b.work)
 	if err != nil {
 		return err
@@ -68,7 +66,7 @@ func (s *suite) runInterleaved(ctx context.Context) error {
 			}
 		}
 	}
-	for round := range interleaveRounds {
+	for round := range rounds {
 		for _, c := range s.cfg.clients {
 			for i := range systems {
 				system := systems[(i+round)%len(systems)]
@@ -90,7 +88,7 @@ func (s *suite) runInterleaved(ctx context.Context) error {
 		}
 		s.res.Interleaved = append(s.res.Interleaved, r)
 	}
-	s.note(fmt.Sprintf("goal ratios between the mounts (sqlite/%s and fs/%s, the daemon's default options), the loopback, the goqite-style queue and the core come from the interleaved step: %d rounds of %d messages per operation and client count, the %d systems in a rotating order, each round on new directories, stores and daemons", goalSync, goalSync, interleaveRounds, k, len(systems)))
+	s.note(fmt.Sprintf("goal ratios between the mounts (sqlite/%s and fs/%s, the daemon's default options), the loopback, the goqite-style queue and the core come from the interleaved step: %d rounds of %d messages per operation and client count, the %d systems in a rotating order, each round on new directories, stores and daemons", goalSync, goalSync, rounds, k, len(systems)))
 	return nil
 }
 

@@ -19,11 +19,12 @@ const (
 	sysMQueue     = "POSIX mqueue"
 )
 
-func sysMount(store, sync string) string  { return "mount " + store + "/" + sync }
+func sysMount(store, sync string) string { return "mount " + store + "/" + sync }
 
 // goalSync is the sync mode of the issue-14 goals: the daemon's default
 // (yirangmq mount --sync full), as its users run it.
 const goalSync = "full"
+
 func sysInproc(store, sync string) string { return "queuecore " + store + "/" + sync }
 
 // Operations, in table order.
@@ -62,7 +63,7 @@ type suiteResults struct {
 	// Previous is the run the goals were compared with (its
 	// bench-latest.json), when there was one.
 	Previous *previousRun `json:"previous,omitempty"`
-	Notes       []string      `json:"notes"`
+	Notes    []string     `json:"notes"`
 }
 
 // floorProbe is the FUSE request floor measured before a system ran:
