@@ -80,7 +80,7 @@ func defaultSuiteConfig(quick bool) suiteConfig {
 		nextSamples: 300, expirySamples: 10, churnMessages: 100_000, ready: 100_000, scaleRoundTrips: 2000,
 		floorOps: 20000, warmup: 200, idle: 60 * time.Second, cacheTimeout: time.Second,
 		interleaveMessages: 1500, interleaveRounds: 3,
-		bigMessages: 96, latencyPeak: 2000, latencySeconds: 20 * time.Second,
+		bigMessages: 160, latencyPeak: 2000, latencySeconds: 20 * time.Second,
 		outDir: "results", workBase: defaultWorkBase(),
 	}
 	if quick {
@@ -88,7 +88,7 @@ func defaultSuiteConfig(quick bool) suiteConfig {
 		c.nextSamples, c.expirySamples, c.churnMessages, c.ready, c.scaleRoundTrips = 100, 4, 10_000, 20_000, 400
 		c.floorOps, c.warmup, c.idle = 5000, 100, 10*time.Second
 		c.interleaveMessages, c.interleaveRounds = 300, 2
-		c.bigMessages, c.latencyPeak, c.latencySeconds = 32, 600, 6*time.Second
+		c.bigMessages, c.latencyPeak, c.latencySeconds = 64, 600, 6*time.Second
 	}
 	return c
 }
