@@ -24,11 +24,12 @@ const loopbackFSName = "yirangmq-bench-loopback"
 
 // buildLoopback builds the loopback daemon (./loopbackd) into dir: a
 // small binary of its own, so that its memory is go-fuse's and not this
-// benchmark's.
+// benchmark's. It belongs to this module (testenv/mountbench/go.mod),
+// not to the product's at root.
 func buildLoopback(ctx context.Context, root, dir string) (string, error) {
 	bin := filepath.Join(dir, "loopbackd")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./testenv/mountbench/loopbackd")
-	cmd.Dir = root
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./loopbackd")
+	cmd.Dir = filepath.Join(root, "testenv", "mountbench")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build loopbackd: %v\n%s", err, out)
 	}

@@ -266,6 +266,13 @@ func opcodes(m map[string]float64) string {
 }
 
 func (b *bench) writeJSON() error {
+	// A relative --out is the checkout's (results/ at its root), not
+	// this module's directory, where `go run .` starts.
+	if !filepath.IsAbs(b.cfg.out) {
+		if root, err := moduleRoot(); err == nil {
+			b.cfg.out = filepath.Join(root, b.cfg.out)
+		}
+	}
 	if err := os.MkdirAll(filepath.Dir(b.cfg.out), 0o755); err != nil {
 		return err
 	}

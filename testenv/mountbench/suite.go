@@ -3,7 +3,7 @@ package main
 // The suite behind `make bench` (issue 6): yirangmq against the
 // alternatives, on this machine, in one run, bounded in time.
 //
-//	go run ./testenv/mountbench suite [--quick] [--million] [--out-dir results]
+//	cd testenv/mountbench && go run . suite [--quick] [--million] [--out-dir results]
 //
 // With 256-byte messages and 1 and 4 clients it measures publish, lease,
 // ack and the round trip (publish+lease+ack of one message) on:
@@ -49,19 +49,24 @@ type suiteConfig struct {
 	clients              []int
 	backends, syncs      []string
 
-	messages        int // per phase: plain directory, loopback and mounts
-	durableMessages int // per phase: plain directory with fsync
-	inprocMessages  int // per phase: queuecore normal, goqite
-	inprocFull      int // per phase: queuecore full (fsync-bound)
-	mqMessages      int // per phase: POSIX mqueue
-	nextSamples     int // wake-ups per mount (and inotify, mqueue)
-	expirySamples   int // redeliveries per mount
-	churnMessages   int // round trips before the "after many messages" RSS
-	ready           int // ready messages of the scale run
-	scaleRoundTrips int // round trips per queue in the scale run
-	floorOps        int
-	warmup          int
-	idle            time.Duration
+	messages           int // per phase: plain directory, loopback and mounts
+	durableMessages    int // per phase: plain directory with fsync
+	inprocMessages     int // per phase: queuecore normal, goqite
+	inprocFull         int // per phase: queuecore full (fsync-bound)
+	mqMessages         int // per phase: POSIX mqueue
+	nextSamples        int // wake-ups per mount (and inotify, mqueue)
+	expirySamples      int // redeliveries per mount
+	churnMessages      int // round trips before the "after many messages" RSS
+	ready              int // ready messages of the scale run
+	scaleRoundTrips    int // round trips per queue in the scale run
+	floorOps           int
+	warmup             int
+	idle               time.Duration
+	interleaveMessages int           // per operation and round of the interleaved step
+	interleaveRounds   int           // rounds of the interleaved step
+	bigMessages        int           // 1 MiB messages per system and round (0: skip)
+	latencyPeak        int           // round trips of the peak before the paced load
+	latencySeconds     time.Duration // the paced load per store (0: skip)
 
 	cacheTimeout          time.Duration
 	outDir, bin, workBase string
@@ -74,12 +79,16 @@ func defaultSuiteConfig(quick bool) suiteConfig {
 		messages: 3000, durableMessages: 500, inprocMessages: 20000, inprocFull: 3000, mqMessages: 200000,
 		nextSamples: 300, expirySamples: 10, churnMessages: 100_000, ready: 100_000, scaleRoundTrips: 2000,
 		floorOps: 20000, warmup: 200, idle: 60 * time.Second, cacheTimeout: time.Second,
+		interleaveMessages: 1500, interleaveRounds: 3,
+		bigMessages: 160, latencyPeak: 2000, latencySeconds: 20 * time.Second,
 		outDir: "results", workBase: defaultWorkBase(),
 	}
 	if quick {
 		c.messages, c.durableMessages, c.inprocMessages, c.inprocFull, c.mqMessages = 800, 200, 4000, 800, 50000
 		c.nextSamples, c.expirySamples, c.churnMessages, c.ready, c.scaleRoundTrips = 100, 4, 10_000, 20_000, 400
 		c.floorOps, c.warmup, c.idle = 5000, 100, 10*time.Second
+		c.interleaveMessages, c.interleaveRounds = 300, 2
+		c.bigMessages, c.latencyPeak, c.latencySeconds = 64, 600, 6*time.Second
 	}
 	return c
 }
@@ -94,7 +103,7 @@ func suiteMain(args []string) int {
 	cfg := defaultSuiteConfig(quick)
 	fl := pflag.NewFlagSet("mountbench suite", pflag.ContinueOnError)
 	fl.Usage = func() {
-		fmt.Fprintln(os.Stderr, "Usage: go run ./testenv/mountbench suite [OPTIONS]\n\nCompares yirangmq (through the mount and in process) with a plain directory,\na go-fuse loopback mount, a goqite-style SQLite queue and POSIX message queues;\nprints the tables and the goals, writes OUT-DIR/bench-*.{json,png} (docs/bench.md).\n\nOptions (counts default to the full mode's, or --quick's):")
+		fmt.Fprintln(os.Stderr, "Usage: (cd testenv/mountbench && go run . suite [OPTIONS])\n\nCompares yirangmq (through the mount and in process) with a plain directory,\na go-fuse loopback mount, a goqite-style SQLite queue and POSIX message queues;\nprints the tables and the goals, writes OUT-DIR/bench-*.{json,png} (docs/bench.md).\n\nOptions (counts default to the full mode's, or --quick's):")
 		fl.PrintDefaults()
 	}
 	fl.BoolVar(&cfg.quick, "quick", quick, "the short run (about 2-3 minutes): fewer messages, a 10 s idle window, 20k ready")
@@ -104,6 +113,9 @@ func suiteMain(args []string) int {
 	fl.IntVar(&cfg.churnMessages, "churn", cfg.churnMessages, "round trips through the sqlite/normal mount before its \"after many messages\" RSS (0: skip)")
 	fl.IntVar(&cfg.ready, "ready", cfg.ready, "ready messages of the scale run (0: skip)")
 	fl.DurationVar(&cfg.idle, "idle", cfg.idle, "idle window of the daemons (CPU, wakeups)")
+	fl.IntVar(&cfg.interleaveMessages, "interleaved", cfg.interleaveMessages, "messages per operation and round of the interleaved step (the goals' ratios)")
+	fl.IntVar(&cfg.bigMessages, "big", cfg.bigMessages, "1 MiB messages per system and round of the bandwidth step (0: skip)")
+	fl.DurationVar(&cfg.latencySeconds, "latency", cfg.latencySeconds, "length of the paced load per store of the latency step (0: skip)")
 	fl.StringVar(&cfg.outDir, "out-dir", cfg.outDir, "where to write bench-STAMP.{json,png} and bench-latest.{json,png}")
 	fl.StringVar(&cfg.bin, "bin", "", "yirangmq binary (default: build ./cmd/yirangmq of this checkout)")
 	fl.StringVar(&cfg.workBase, "workdir", cfg.workBase, "where to make the working directory (same disk as the stores; not under $TMPDIR, whose mounts tests may sweep)")
@@ -123,8 +135,8 @@ func suiteMain(args []string) int {
 			return 2
 		}
 	}
-	if cfg.messages < 1 || cfg.idle < time.Second {
-		fmt.Fprintln(os.Stderr, "mountbench suite: --messages must be positive and --idle at least 1s")
+	if cfg.messages < 1 || cfg.interleaveMessages < 1 || cfg.idle < time.Second {
+		fmt.Fprintln(os.Stderr, "mountbench suite: --messages and --interleaved must be positive and --idle at least 1s")
 		return 2
 	}
 
@@ -260,6 +272,8 @@ func (s *suite) run(ctx context.Context) error {
 		{"queuecore in process", s.runInproc},
 		{"goqite-style queue", s.runGoqite},
 		{"goal ratios, interleaved", s.runInterleaved},
+		{"1 MiB messages", s.runBig},
+		{"latency under a paced load", s.runLatency},
 		{"POSIX mqueue", s.runMQueue},
 		{"inotify wake-up", s.runInotify},
 		{"idle daemons", s.runIdle},
@@ -277,17 +291,24 @@ func (s *suite) run(ctx context.Context) error {
 	s.finishNotes()
 	s.res.computeRatios()
 	s.res.Goals = s.res.computeGoals()
+	stamp := time.Now().UTC().Format("20060102T150405Z")
+	out := s.cfg.outDir
+	if !filepath.IsAbs(out) {
+		out = filepath.Join(root, out)
+	}
+	// The run before this one in the same results directory: each goal's
+	// previous value goes next to the new one, before it is overwritten.
+	if prev, err := readResults(filepath.Join(out, "bench-latest.json")); err == nil {
+		s.res.comparePrevious(prev, filepath.Join(out, "bench-latest.json"))
+	} else if !errors.Is(err, os.ErrNotExist) {
+		s.note(fmt.Sprintf("no comparison with the previous run: %v", err))
+	}
 	s.res.report(os.Stdout)
 	if len(s.res.Notes) > 0 {
 		fmt.Println("\nNotes:")
 		for _, n := range s.res.Notes {
 			fmt.Println("- " + n)
 		}
-	}
-	stamp := time.Now().UTC().Format("20060102T150405Z")
-	out := s.cfg.outDir
-	if !filepath.IsAbs(out) {
-		out = filepath.Join(root, out)
 	}
 	files, err := s.res.writeFiles(out, stamp)
 	if err != nil {

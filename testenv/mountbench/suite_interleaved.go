@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -15,11 +16,10 @@ import (
 // minutes, so the main tables, measured system after system, make poor
 // ratios. The goals' ratios (the mount against the loopback and against
 // the goqite-style queue, the core against goqite) come from this step
-// instead: the four systems take turns, in a rotating order, for a few
+// instead: the systems take turns, in a rotating order, for a few
 // rounds, each round on new directories, stores and daemons, and each
-// system's figure adds up all its rounds.
-
-const interleaveRounds = 3
+// system's figure adds up all its rounds. The mounts are the daemon's
+// default options (--sync full), on both local stores.
 
 // interleaveAccum adds up one system's operation over the rounds.
 type interleaveAccum struct {
@@ -33,8 +33,8 @@ type interleaveAccum struct {
 }
 
 func (s *suite) runInterleaved(ctx context.Context) error {
-	systems := []string{sysLoopback, sysMount("sqlite", "normal"), sysGoqite, sysInproc("sqlite", "normal")}
-	k := max(s.cfg.messages/2, 100)
+	systems := []string{sysLoopback, sysMount("sqlite", goalSync), sysGoqite, sysMount("fs", goalSync), sysInproc("sqlite", "normal")}
+	k, rounds := s.cfg.interleaveMessages, s.cfg.interleaveRounds
 	bin, err := buildLoopback(ctx, s.root, s.b.work)
 	if err != nil {
 		return err
@@ -66,7 +66,7 @@ func (s *suite) runInterleaved(ctx context.Context) error {
 			}
 		}
 	}
-	for round := range interleaveRounds {
+	for round := range rounds {
 		for _, c := range s.cfg.clients {
 			for i := range systems {
 				system := systems[(i+round)%len(systems)]
@@ -88,7 +88,7 @@ func (s *suite) runInterleaved(ctx context.Context) error {
 		}
 		s.res.Interleaved = append(s.res.Interleaved, r)
 	}
-	s.note(fmt.Sprintf("goal ratios between the mount, the loopback, the goqite-style queue and the core come from the interleaved step: %d rounds of %d messages per operation and client count, the four systems in a rotating order, each round on new directories, stores and daemons", interleaveRounds, k))
+	s.note(fmt.Sprintf("goal ratios between the mounts (sqlite/%s and fs/%s, the daemon's default options), the loopback, the goqite-style queue and the core come from the interleaved step: %d rounds of %d messages per operation and client count, the %d systems in a rotating order, each round on new directories, stores and daemons", goalSync, goalSync, rounds, k, len(systems)))
 	return nil
 }
 
@@ -116,8 +116,9 @@ func (s *suite) interleaveOne(ctx context.Context, loopbackBin, system string, r
 			return err
 		}
 		return d.stop()
-	case sysMount("sqlite", "normal"):
-		d, err := s.b.mount(mountSpec{backend: "sqlite", sync: "normal", cacheTimeout: s.cfg.cacheTimeout}, label)
+	case sysMount("sqlite", goalSync), sysMount("fs", goalSync):
+		store := strings.TrimSuffix(strings.TrimPrefix(system, "mount "), "/"+goalSync)
+		d, err := s.b.mount(mountSpec{backend: store, sync: goalSync, cacheTimeout: s.cfg.cacheTimeout}, label)
 		if err != nil {
 			return err
 		}

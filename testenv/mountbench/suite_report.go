@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -55,25 +56,27 @@ func (r *suiteResults) report(w io.Writer) {
 	}
 
 	if len(r.Interleaved) > 0 {
-		sn, inproc := sysMount("sqlite", "normal"), sysInproc("sqlite", "normal")
-		fmt.Fprintln(w, "\n## The goals' systems again, taking turns (ops/s; the goals' ratios)")
-		fmt.Fprintf(w, "\n| op | clients | %s | %s | %s | %s | mount ÷ loopback | mount ÷ goqite | queuecore ÷ goqite |\n", sysLoopback, sn, sysGoqite, inproc)
-		fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|")
-		for _, op := range suiteOps {
-			for _, c := range r.clientCounts() {
-				l, _ := findIn(r.Interleaved, sysLoopback, op, c)
-				m, _ := findIn(r.Interleaved, sn, op, c)
-				g, _ := findIn(r.Interleaved, sysGoqite, op, c)
-				q, _ := findIn(r.Interleaved, inproc, op, c)
-				div := func(a, b row) string {
-					if b.OpsPerSec <= 0 || a.OpsPerSec <= 0 {
-						return "—"
-					}
-					return fmt.Sprintf("%.2f", a.OpsPerSec/b.OpsPerSec)
-				}
-				fmt.Fprintf(w, "| %s | %d | %.0f | %.0f | %.0f | %.0f | %s | %s | %s |\n", op, c, l.OpsPerSec, m.OpsPerSec, g.OpsPerSec, q.OpsPerSec,
-					div(m, l), div(m, g), div(q, g))
+		r.reportInterleaved(w)
+	}
+	if len(r.Big) > 0 {
+		fmt.Fprintln(w, "\n## 1 MiB messages (MiB/s, taking turns; bytes counted at the client)")
+		fmt.Fprintln(w, "\n| system | clients | op | messages | MiB/s | p50 ms | p99 ms | ÷ loopback |")
+		fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
+		for _, x := range r.Big {
+			rel := "—"
+			if l, ok := r.findBig(sysLoopback, x.Op); ok && l.MiBPerSec > 0 {
+				rel = fmt.Sprintf("%.2f", x.MiBPerSec/l.MiBPerSec)
 			}
+			fmt.Fprintf(w, "| %s | %d | %s | %d | %.1f | %.2f | %.2f | %s |\n", x.System, x.Clients, x.Op, x.Messages, x.MiBPerSec, x.P50MS, x.P99MS, rel)
+		}
+	}
+	if len(r.Latency) > 0 {
+		fmt.Fprintln(w, "\n## Latency at half of peak throughput (round trips paced on a timetable; each operation timed on its own)")
+		fmt.Fprintln(w, "\n| system | clients | op | peak round trips/s | paced at | achieved | samples | late starts | p50 µs | p99 µs | p99.9 µs | max µs |")
+		fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|")
+		for _, x := range r.Latency {
+			fmt.Fprintf(w, "| %s | %d | %s | %.0f | %.0f | %.0f | %d | %d | %.0f | %.0f | %.0f | %.0f |\n", x.System, x.Clients, x.Op,
+				x.PeakRTPerS, x.PacedRTPerS, x.RTPerS, x.Samples, x.Late, x.P50US, x.P99US, x.P999US, x.MaxUS)
 		}
 	}
 	if len(r.Wake) > 0 {
@@ -129,9 +132,72 @@ func (r *suiteResults) report(w io.Writer) {
 	fmt.Fprintf(w, "\nRun: %.0f s, load average before %s, after %s. FUSE requests counted by %s.\n", r.Seconds, r.LoadBefore, r.LoadAfter, r.CountSource)
 }
 
+// reportInterleaved prints the interleaved step: each system's ops/s, and
+// each mount's ratios to the loopback and goqite-style.
+func (r *suiteResults) reportInterleaved(w io.Writer) {
+	var systems, mounts []string
+	for _, x := range r.Interleaved {
+		if !slices.Contains(systems, x.System) {
+			systems = append(systems, x.System)
+		}
+	}
+	slices.SortStableFunc(systems, func(a, b string) int { return systemRank(a) - systemRank(b) })
+	for _, sys := range systems {
+		if strings.HasPrefix(sys, "mount ") {
+			mounts = append(mounts, sys)
+		}
+	}
+	inproc := sysInproc("sqlite", "normal")
+	head := []string{"op", "clients"}
+	head = append(head, systems...)
+	for _, m := range mounts {
+		head = append(head, m+" ÷ loopback", m+" ÷ goqite")
+	}
+	head = append(head, "queuecore ÷ goqite")
+	fmt.Fprintln(w, "\n## The goals' systems again, taking turns (ops/s; the goals' ratios)")
+	fmt.Fprintf(w, "\n| %s |\n|%s\n", strings.Join(head, " | "), strings.Repeat("---|", len(head)))
+	div := func(a, b row, okA, okB bool) string {
+		if !okA || !okB || b.OpsPerSec <= 0 || a.OpsPerSec <= 0 {
+			return "—"
+		}
+		return fmt.Sprintf("%.2f", a.OpsPerSec/b.OpsPerSec)
+	}
+	for _, op := range suiteOps {
+		for _, c := range r.clientCounts() {
+			cells := []string{op, fmt.Sprint(c)}
+			for _, sys := range systems {
+				cell := "—"
+				if x, ok := findIn(r.Interleaved, sys, op, c); ok {
+					cell = fmt.Sprintf("%.0f", x.OpsPerSec)
+				}
+				cells = append(cells, cell)
+			}
+			l, okL := findIn(r.Interleaved, sysLoopback, op, c)
+			g, okG := findIn(r.Interleaved, sysGoqite, op, c)
+			for _, sys := range mounts {
+				m, okM := findIn(r.Interleaved, sys, op, c)
+				cells = append(cells, div(m, l, okM, okL), div(m, g, okM, okG))
+			}
+			q, okQ := findIn(r.Interleaved, inproc, op, c)
+			cells = append(cells, div(q, g, okQ, okG))
+			fmt.Fprintf(w, "| %s |\n", strings.Join(cells, " | "))
+		}
+	}
+}
+
+// reportGoals prints the goals, with the previous run's value of each
+// when the run was compared with one; a goal met then and not now says
+// so.
 func (r *suiteResults) reportGoals(w io.Writer) {
-	fmt.Fprintln(w, "\n| goal | measured | target | met |")
-	fmt.Fprintln(w, "|---|---|---|---|")
+	if p := r.Previous; p != nil {
+		fmt.Fprintf(w, "\nPrevious: %s (%s mode, started %s).\n", p.File, p.Mode, p.Started)
+		fmt.Fprintln(w, "\n| goal | measured | target | met | previous |")
+		fmt.Fprintln(w, "|---|---|---|---|---|")
+	} else {
+		fmt.Fprintln(w, "\n| goal | measured | target | met |")
+		fmt.Fprintln(w, "|---|---|---|---|")
+	}
+	regressed := 0
 	for _, g := range r.Goals {
 		cmp := map[string]string{">=": "≥", "<": "<"}[g.Cmp]
 		val, met := fmt.Sprintf("%.2f %s", g.Value, g.Unit), "not met"
@@ -145,8 +211,44 @@ func (r *suiteResults) reportGoals(w io.Writer) {
 		if g.Note != "" {
 			name += " (" + g.Note + ")"
 		}
-		fmt.Fprintf(w, "| %s | %s | %s %g %s | %s |\n", name, val, cmp, g.Target, g.Unit, met)
+		line := fmt.Sprintf("| %s | %s | %s %g %s | %s |", name, val, cmp, g.Target, g.Unit, met)
+		if r.Previous != nil {
+			prev := "—"
+			if g.HavePrev {
+				prev = fmt.Sprintf("%.2f %s", g.PrevValue, g.Unit)
+				if g.PrevMet {
+					prev += ", met"
+				} else {
+					prev += ", not met"
+				}
+				if g.PrevAs != "" {
+					prev += " (as " + g.PrevAs + ")"
+				}
+				if g.Regressed {
+					prev += " — **NO LONGER MET**"
+					regressed++
+				}
+			}
+			line += " " + prev + " |"
+		}
+		fmt.Fprintln(w, line)
 	}
+	if regressed > 0 {
+		fmt.Fprintf(w, "\n%d goal(s) met in the previous run are not met in this one.\n", regressed)
+	}
+}
+
+// readResults reads a suite's JSON.
+func readResults(path string) (*suiteResults, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var r suiteResults
+	if err := json.Unmarshal(data, &r); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return &r, nil
 }
 
 func cpuCell(f float64) string {
@@ -182,7 +284,7 @@ func dash(f float64) string {
 // chart: mountbench report RESULTS.json [CHART.png].
 func reportMain(args []string) int {
 	if len(args) < 1 || len(args) > 2 {
-		fmt.Fprintln(os.Stderr, "usage: go run ./testenv/mountbench report RESULTS.json [CHART.png]")
+		fmt.Fprintln(os.Stderr, "usage: (cd testenv/mountbench && go run . report RESULTS.json [CHART.png])")
 		return 2
 	}
 	data, err := os.ReadFile(args[0])

@@ -2,16 +2,21 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"image/png"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // sampleResults is a small made-up run: one client count, a few systems.
 func sampleResults() *suiteResults {
 	sn := sysMount("sqlite", "normal")
+	sf, ff := sysMount("sqlite", goalSync), sysMount("fs", goalSync)
 	r := &suiteResults{
 		Mode: "quick", MessageBytes: msgSize,
 		Floor: []floorProbe{
@@ -28,12 +33,24 @@ func sampleResults() *suiteResults {
 			{System: sysGoqite, Op: "roundtrip", Clients: 1, OpsPerSec: 1500, RequestsPerOp: -1},
 			{System: sysInproc("sqlite", "normal"), Op: "roundtrip", Clients: 1, OpsPerSec: 3100, RequestsPerOp: -1},
 			{System: sysMQueue, Op: "publish", Clients: 1, OpsPerSec: 500000, RequestsPerOp: -1},
+			// Not in the interleaved step: its goal comes from here.
+			{System: ff, Op: "publish", Clients: 1, OpsPerSec: 1250, RequestsPerOp: 5},
 		},
 		// The goals prefer the interleaved figures when both sides have one.
 		Interleaved: []row{
-			{System: sn, Op: "publish", Clients: 1, OpsPerSec: 3000},
+			{System: sf, Op: "publish", Clients: 1, OpsPerSec: 3000},
 			{System: sysLoopback, Op: "publish", Clients: 1, OpsPerSec: 2000},
 			{System: sysGoqite, Op: "roundtrip", Clients: 1, OpsPerSec: 1000},
+			{System: sf, Op: "roundtrip", Clients: 1, OpsPerSec: 600},
+		},
+		Big: []bigRow{
+			{System: sysLoopback, Op: "publish", Clients: 4, MiBPerSec: 400},
+			{System: sf, Op: "publish", Clients: 4, MiBPerSec: 100},
+			{System: sysLoopback, Op: "read", Clients: 4, MiBPerSec: 1000},
+			{System: sf, Op: "read", Clients: 4, MiBPerSec: 900},
+		},
+		Latency: []latencyRow{
+			{System: ff, Op: "ack", Clients: 4, PeakRTPerS: 800, RTPerS: 400, Samples: 2000, P99US: 1500, P999US: 12000},
 		},
 		Wake: []wakeRow{
 			{System: sn, Samples: 100, P50US: 600, P99US: 6000},
@@ -89,16 +106,25 @@ func TestComputeGoals(t *testing.T) {
 		byName[g.Name] = g
 	}
 	sn := sysMount("sqlite", "normal")
+	sf, ff := sysMount("sqlite", goalSync), sysMount("fs", goalSync)
 	for _, tc := range []struct {
 		name    string
 		value   float64
 		met     bool
 		missing bool
 	}{
-		{sn + " publish, 1 client(s) ÷ loopback", 1.5, true, false},
-		{sn + " ack, 1 client(s) ÷ loopback", 0, false, true},
-		{sn + " round trip, 1 client(s) ÷ goqite-style", 0.6, true, false},
-		{sn + " round trip, 4 client(s) ÷ goqite-style", 0, false, true},
+		{sf + " publish, 1 client(s) ÷ loopback", 1.5, true, false},
+		{ff + " publish, 1 client(s) ÷ loopback", 0.5, false, false},
+		{sf + " ack, 1 client(s) ÷ loopback", 0, false, true},
+		{sf + " round trip, 1 client(s) ÷ goqite-style", 0.6, true, false},
+		{sf + " round trip, 4 client(s) ÷ goqite-style", 0, false, true},
+		{ff + " round trip, 1 client(s) ÷ goqite-style", 0, false, true},
+		{sf + " 1 MiB publish bandwidth ÷ loopback", 0.25, false, false},
+		{sf + " 1 MiB read bandwidth ÷ loopback", 0.9, true, false},
+		{ff + " 1 MiB read bandwidth ÷ loopback", 0, false, true},
+		{ff + " ack p99 at half of peak", 1.5, true, false},
+		{ff + " ack p99.9 at half of peak", 12, false, false},
+		{sf + " ack p99 at half of peak", 0, false, true},
 		{"queuecore sqlite/normal in process round trip, 1 client(s) ÷ goqite-style", 2.07, true, false},
 		{sn + " .next wake-up p50", 0.6, true, false},
 		{sn + " .next wake-up p99", 6, false, false},
@@ -118,11 +144,14 @@ func TestComputeGoals(t *testing.T) {
 			t.Errorf("%s: value %v met %v missing %v; want %v %v %v", tc.name, g.Value, g.Met, g.Missing, tc.value, tc.met, tc.missing)
 		}
 	}
-	if g := byName[sn+" publish, 1 client(s) ÷ loopback"]; g.Note != "interleaved" {
+	if g := byName[sf+" publish, 1 client(s) ÷ loopback"]; g.Note != "interleaved" {
 		t.Errorf("publish ÷ loopback: note %q, want interleaved", g.Note)
 	}
-	if g := byName[sn+" round trip, 1 client(s) ÷ goqite-style"]; g.Note != "" {
-		t.Errorf("round trip ÷ goqite: note %q; the mount has no interleaved round trip here", g.Note)
+	if g := byName[ff+" publish, 1 client(s) ÷ loopback"]; g.Note != "" {
+		t.Errorf("fs publish ÷ loopback: note %q; fs has no interleaved publish here, so it is from the main tables", g.Note)
+	}
+	if g := byName[ff+" ack p99.9 at half of peak"]; !strings.Contains(g.Note, "at 400 of 800 round trips/s, 2000 samples") {
+		t.Errorf("latency goal's note %q should say the load and the samples", g.Note)
 	}
 	if g := byName["daemon RSS with 100k ready"]; !strings.Contains(g.Note, "not 1M") {
 		t.Errorf("the scale goal's note %q should say it did not run with 1M", g.Note)
@@ -147,7 +176,7 @@ func TestJSONShape(t *testing.T) {
 	if err := json.Unmarshal(data, &top); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"started", "seconds", "mode", "million", "floor", "rows", "wakeup", "expiry", "resources", "scale", "goals", "notes"} {
+	for _, k := range []string{"started", "seconds", "mode", "million", "floor", "rows", "wakeup", "expiry", "resources", "scale", "big_messages", "latency", "goals", "notes"} {
 		if _, ok := top[k]; !ok {
 			t.Errorf("no top-level %q in %s", k, data)
 		}
@@ -179,7 +208,10 @@ func TestReportAndChart(t *testing.T) {
 	r := sampleResults()
 	var buf bytes.Buffer
 	r.report(&buf)
-	for _, want := range []string{"## Throughput", "| plain dir | 1 | 10000 | — | — | — |", "## Goals"} {
+	for _, want := range []string{"## Throughput", "| plain dir | 1 | 10000 | — | — | — |", "## Goals",
+		"| mount sqlite/full | 4 | read | 0 | 900.0 | 0.00 | 0.00 | 0.90 |",
+		"| mount fs/full | 4 | ack | 800 | 0 | 400 | 2000 | 0 | 0 | 1500 | 12000 | 0 |",
+		"| publish | 1 | — | 2000 | 3000 | 1.50 | — | — |"} {
 		if !strings.Contains(buf.String(), want) {
 			t.Errorf("report lacks %q", want)
 		}
@@ -219,5 +251,105 @@ func TestCountName(t *testing.T) {
 		if got := countName(n); got != want {
 			t.Errorf("countName(%d) = %q, want %q", n, got, want)
 		}
+	}
+}
+
+// TestComparePrevious: each goal gets the previous run's value, by its
+// name or as the same row of the other sync mode, and a goal met then and
+// not now is flagged in the table.
+func TestComparePrevious(t *testing.T) {
+	r := sampleResults()
+	sn, sf := sysMount("sqlite", "normal"), sysMount("sqlite", goalSync)
+	prev := &suiteResults{Started: "then", Mode: "full", Goals: []goal{
+		{Name: sn + " publish, 1 client(s) ÷ loopback", Value: 0.91, Met: false},
+		{Name: sn + " .next wake-up p99", Value: 2.8, Met: true},
+		{Name: sn + " .next wake-up p50", Value: 0.5, Met: true},
+		{Name: sn + " idle wakeups", Missing: true},
+	}}
+	r.comparePrevious(prev, "results/bench-latest.json")
+	byName := map[string]goal{}
+	for _, g := range r.Goals {
+		byName[g.Name] = g
+	}
+	if g := byName[sf+" publish, 1 client(s) ÷ loopback"]; !g.HavePrev || g.PrevValue != 0.91 || g.PrevMet || g.PrevAs != sn+" publish, 1 client(s) ÷ loopback" || g.Regressed {
+		t.Errorf("publish ÷ loopback compared as %+v", g)
+	}
+	if g := byName[sn+" .next wake-up p99"]; !g.HavePrev || !g.PrevMet || g.PrevAs != "" || !g.Regressed {
+		t.Errorf(".next p99 (met before, 6 ms now): %+v, want regressed", g)
+	}
+	if g := byName[sn+" .next wake-up p50"]; !g.HavePrev || g.Regressed {
+		t.Errorf(".next p50 (met before and now): %+v", g)
+	}
+	if g := byName[sn+" idle wakeups"]; g.HavePrev {
+		t.Errorf("idle wakeups: the previous run did not measure it, yet %+v", g)
+	}
+	var buf bytes.Buffer
+	r.reportGoals(&buf)
+	out := buf.String()
+	for _, want := range []string{
+		"Previous: results/bench-latest.json (full mode, started then).",
+		"| 6.00 ms | < 5 ms | not met | 2.80 ms, met — **NO LONGER MET** |",
+		"| 1.50 × | ≥ 1 × | met | 0.91 ×, not met (as " + sn + " publish, 1 client(s) ÷ loopback) |",
+		"1 goal(s) met in the previous run are not met in this one.",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("goals table lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestPacedAndBigOnPlainDir runs the latency step's paced load and the
+// 1 MiB step's phases on a plain directory: every round trip's three
+// operations are timed, every message is gone at the end, and a read
+// back checks the bytes.
+func TestPacedAndBigOnPlainDir(t *testing.T) {
+	dir := t.TempDir()
+	q := queueDirs{inbox: filepath.Join(dir, "inbox"), processing: filepath.Join(dir, "processing")}
+	for _, p := range []string{q.inbox, q.processing} {
+		if err := os.Mkdir(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, err := runPaced(context.Background(), q, "p", 2, 200, 300*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.roundTrips == 0 {
+		t.Fatal("no round trip ran")
+	}
+	for _, op := range []opKind{opPublish, opLease, opAck} {
+		if len(res.lat[op]) != res.roundTrips {
+			t.Errorf("%s: %d latencies for %d round trips", op, len(res.lat[op]), res.roundTrips)
+		}
+	}
+	for _, p := range []string{q.inbox, q.processing} {
+		if left, _ := os.ReadDir(p); len(left) != 0 {
+			t.Errorf("%s: %d files left after the round trips", p, len(left))
+		}
+	}
+
+	body := bytes.Repeat([]byte("0123456789abcdef"), 4096)
+	for _, op := range []string{"publish", "read"} {
+		ph, err := runBigPhase(context.Background(), q.inbox, op, "b", 6, 4, body)
+		if err != nil {
+			t.Fatalf("%s: %v", op, err)
+		}
+		if len(ph.lat) != 6 {
+			t.Errorf("%s: %d latencies, want 6", op, len(ph.lat))
+		}
+	}
+	// A file that differs from what was published fails the read.
+	name := filepath.Join(q.inbox, msgName("b", 0, 0))
+	if err := os.WriteFile(name, body[:len(body)-1], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := readBack(name, make([]byte, len(body)), body); err == nil {
+		t.Error("a short file read back without an error")
+	}
+	if err := os.WriteFile(name, append(slices.Clone(body), 'x'), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := readBack(name, make([]byte, len(body)), body); err == nil {
+		t.Error("a longer file read back without an error")
 	}
 }

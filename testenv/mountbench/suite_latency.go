@@ -1,0 +1,169 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Latency under a steady load: per store, at the daemon's default options
+// (--sync full), on a new daemon, 4 clients (the most asked for). First
+// the peak: round trips (publish, lease, ack of one message) from all
+// clients as fast as they go. Then the load at half of that: each client
+// starts its round trips on a fixed timetable (client c's i-th at
+// t0 + c·interval/clients + i·interval, interval = clients ÷ (peak/2)),
+// sleeping until its slot, and times each of the three operations
+// separately. A client behind its timetable starts at once (it does not
+// skip a slot); the count of such late starts is reported. Each
+// operation's latency is from its own first system call to its last
+// one's return.
+
+// latencyRow is one operation's latency under the paced load.
+type latencyRow struct {
+	System      string  `json:"system"`
+	Op          string  `json:"op"` // publish, lease, ack
+	Clients     int     `json:"clients"`
+	PeakRTPerS  float64 `json:"peak_roundtrips_per_sec"`
+	PacedRTPerS float64 `json:"paced_roundtrips_per_sec"` // the rate asked for: half the peak
+	RTPerS      float64 `json:"achieved_roundtrips_per_sec"`
+	Seconds     float64 `json:"seconds"`
+	Samples     int     `json:"samples"`
+	Late        int     `json:"late_starts"` // round trips started more than one interval behind the timetable
+	P50US       float64 `json:"p50_us"`
+	P99US       float64 `json:"p99_us"`
+	P999US      float64 `json:"p99_9_us"`
+	MaxUS       float64 `json:"max_us"`
+}
+
+// quantileUS is the p-quantile of sorted s, in µs.
+func quantileUS(s latencies, p float64) float64 {
+	if len(s) == 0 {
+		return 0
+	}
+	i := int(float64(len(s))*p+0.999999) - 1
+	return round1(float64(s[max(0, min(i, len(s)-1))]) / 1e3)
+}
+
+func (s *suite) runLatency(ctx context.Context) error {
+	if s.cfg.latencySeconds <= 0 {
+		return nil
+	}
+	c := slices.Max(s.cfg.clients)
+	for _, store := range []string{"sqlite", "fs"} {
+		system := sysMount(store, goalSync)
+		d, err := s.b.mount(mountSpec{backend: store, sync: goalSync, cacheTimeout: s.cfg.cacheTimeout}, "latency")
+		if err != nil {
+			return err
+		}
+		qdir := filepath.Join(d.mnt, "lat")
+		if err := setupQueue(qdir); err != nil {
+			return err
+		}
+		q := queueDirs{inbox: filepath.Join(qdir, "inbox"), processing: filepath.Join(qdir, "processing")}
+		if _, err := runPhase(ctx, q, opRoundTrip, "lat-warmup", s.cfg.warmup, 1); err != nil {
+			return fmt.Errorf("%s: warm-up: %w", system, err)
+		}
+		peak, err := runPhase(ctx, q, opRoundTrip, "lat-peak", s.cfg.latencyPeak, c)
+		if err != nil {
+			return fmt.Errorf("%s: peak: %w", system, err)
+		}
+		peakRate := opsPerSec(len(peak.lat), peak.wall)
+		if peakRate <= 0 {
+			return fmt.Errorf("%s: no peak rate", system)
+		}
+		paced := peakRate / 2
+		res, err := runPaced(ctx, q, "lat", c, paced, s.cfg.latencySeconds)
+		if err != nil {
+			return fmt.Errorf("%s: paced load: %w", system, err)
+		}
+		for _, op := range []opKind{opPublish, opLease, opAck} {
+			l := slices.Clone(res.lat[op])
+			slices.Sort(l)
+			r := latencyRow{System: system, Op: op.String(), Clients: c, PeakRTPerS: peakRate, PacedRTPerS: round1(paced),
+				RTPerS: opsPerSec(res.roundTrips, res.wall), Seconds: round2(res.wall.Seconds()), Samples: len(l), Late: res.late,
+				P50US: quantileUS(l, 0.50), P99US: quantileUS(l, 0.99), P999US: quantileUS(l, 0.999), MaxUS: quantileUS(l, 1)}
+			s.res.Latency = append(s.res.Latency, r)
+			s.logf("%-24s %-7s at %.0f of %.0f round trips/s: p50 %.0f µs p99 %.0f µs p99.9 %.0f µs (%d samples, %d late)",
+				system, r.Op, r.RTPerS, r.PeakRTPerS, r.P50US, r.P99US, r.P999US, r.Samples, r.Late)
+		}
+		if err := d.stop(); err != nil {
+			return err
+		}
+	}
+	s.note(fmt.Sprintf("latency under load: per store at --sync %s, a new daemon, %d clients; the peak is %d round trips as fast as they go, then %s of round trips paced at half of it (each client on a fixed timetable, never skipping a slot), each operation timed on its own", goalSync, c, s.cfg.latencyPeak, s.cfg.latencySeconds))
+	return nil
+}
+
+// pacedResult is what a paced load measured.
+type pacedResult struct {
+	lat        map[opKind]latencies
+	roundTrips int
+	late       int
+	wall       time.Duration
+}
+
+// runPaced runs round trips from clients goroutines at rate round trips
+// per second in all, for dur, and times each operation.
+func runPaced(ctx context.Context, q queueDirs, pass string, clients int, rate float64, dur time.Duration) (pacedResult, error) {
+	interval := time.Duration(float64(clients) / rate * float64(time.Second))
+	body := make([]byte, msgSize)
+	type clientResult struct {
+		lat        [3]latencies
+		roundTrips int
+		late       int
+		err        error
+	}
+	results := make([]clientResult, clients)
+	var wg sync.WaitGroup
+	t0 := time.Now().Add(10 * time.Millisecond)
+	end := t0.Add(dur)
+	for c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := &results[c]
+			offset := time.Duration(c) * interval / time.Duration(clients)
+			for i := 0; ; i++ {
+				slot := t0.Add(offset + time.Duration(i)*interval)
+				if !slot.Before(end) {
+					return
+				}
+				if wait := time.Until(slot); wait > 0 {
+					if err := sleepCtx(ctx, wait); err != nil {
+						r.err = err
+						return
+					}
+				} else if -wait > interval {
+					r.late++
+				}
+				name := msgName(pass, c, i)
+				for _, op := range []opKind{opPublish, opLease, opAck} {
+					s := time.Now()
+					err := q.do(op, name, body, -1, -1)
+					r.lat[op] = append(r.lat[op], time.Since(s))
+					if err != nil {
+						r.err = fmt.Errorf("%s %s: %w", op, name, err)
+						return
+					}
+				}
+				r.roundTrips++
+			}
+		}()
+	}
+	wg.Wait()
+	out := pacedResult{lat: map[opKind]latencies{}, wall: time.Since(t0)}
+	var errs []error
+	for _, r := range results {
+		for op := range r.lat {
+			out.lat[opKind(op)] = append(out.lat[opKind(op)], r.lat[op]...)
+		}
+		out.roundTrips += r.roundTrips
+		out.late += r.late
+		errs = append(errs, r.err)
+	}
+	return out, errors.Join(errs...)
+}
