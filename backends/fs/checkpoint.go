@@ -78,6 +78,7 @@ func (s *Store) finishCheckpoint(start time.Time, old *journal, img *snapshotIma
 	}
 	s.held = nil
 	s.ckptRunning = false
+	img.release()
 	if err != nil {
 		err = fmt.Errorf("checkpoint: %w", err)
 		s.failLocked(err)
@@ -189,6 +190,7 @@ func (s *Store) checkpointAtOpen() error {
 	img := s.imageLocked()
 	s.mu.Unlock()
 	size, err := writeSnapshot(s.dir, img, sync)
+	img.release()
 	if err != nil {
 		return fmt.Errorf("write snapshot: %w", err)
 	}
@@ -219,11 +221,19 @@ func (s *Store) checkpointAtOpen() error {
 // be half synced), mostly meets clean files. Under FUSE syncfs does not
 // reach the file system, and the exact pass does the work.
 func (s *Store) syncTree() error {
+	syncfsOK := false
 	if fd, err := unix.Open(s.dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err == nil {
-		_ = unix.Syncfs(fd)
+		syncfsOK = unix.Syncfs(fd) == nil && !s.underFUSE()
 		unix.Close(fd)
 	}
 	s.fileMu.Lock()
 	defer s.fileMu.Unlock()
-	return s.dirty.sync()
+	return s.dirty.sync(syncfsOK)
+}
+
+// underFUSE says whether the store lives on a FUSE file system, where
+// syncfs(2) does not reach the files.
+func (s *Store) underFUSE() bool {
+	var st unix.Statfs_t
+	return unix.Statfs(s.dir, &st) != nil || st.Type == unix.FUSE_SUPER_MAGIC
 }

@@ -56,6 +56,11 @@ func (s *Store) recover(ctx context.Context) error {
 	if err := os.MkdirAll(s.qdir, 0o700); err != nil {
 		return err
 	}
+	// Spill files are a cache of what the snapshot and journal hold: the
+	// load below writes them again.
+	if err := os.RemoveAll(filepath.Join(s.dir, spillDir)); err != nil {
+		return err
+	}
 	if err := os.Remove(filepath.Join(s.dir, tempPrefix+snapshotName)); err == nil {
 		s.log.Info("removed an unfinished snapshot")
 	}
@@ -186,6 +191,9 @@ func (s *Store) replayRecord(rec *record, rs *replayState, file int, off int64) 
 				delete(rs.bodies, e.id)
 				return true
 			})
+		}
+		if err := q.spill.each(q, func(e *entry) { delete(rs.bodies, e.id) }); err != nil {
+			s.log.Error("read spill of a deleted queue", logErr, err)
 		}
 		s.ix.deleteQueue(q)
 		rs.deletedQueues[q.name] = true
