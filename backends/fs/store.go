@@ -127,6 +127,22 @@ func Open(ctx context.Context, dir string, opts backends.Options) (*Store, error
 	return open(ctx, dir, opts, config{checkpointBytes: defaultCheckpointBytes})
 }
 
+// Tuning holds the fs store's own settings.
+type Tuning struct {
+	// SpillAt is the number of ready messages a queue keeps in memory
+	// before newer ones go to its spill file (0: DefaultSpillAt; negative:
+	// never spill, every message stays in memory).
+	SpillAt int
+}
+
+// DefaultSpillAt is Tuning.SpillAt's default.
+const DefaultSpillAt = defaultSpillAt
+
+// OpenTuned is Open with Tuning.
+func OpenTuned(ctx context.Context, dir string, opts backends.Options, t Tuning) (*Store, error) {
+	return open(ctx, dir, opts, config{checkpointBytes: defaultCheckpointBytes, spillAt: t.SpillAt})
+}
+
 func open(ctx context.Context, dir string, opts backends.Options, cfg config) (*Store, error) {
 	switch opts.Sync {
 	case queuecore.SyncFull, queuecore.SyncNormal, queuecore.SyncOff:
