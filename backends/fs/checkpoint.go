@@ -84,7 +84,7 @@ func (s *Store) finishCheckpoint(start time.Time, old *journal, img *snapshotIma
 		s.failLocked(err)
 		return err
 	}
-	s.ckptAt = max(s.cfg.checkpointBytes, size)
+	s.ckptAt = s.checkpointAt(size)
 	s.log.Debug("checkpoint", logCount, n, logBytes, size, logTook, time.Since(start))
 	return nil
 }
@@ -194,7 +194,7 @@ func (s *Store) checkpointAtOpen() error {
 	if err != nil {
 		return fmt.Errorf("write snapshot: %w", err)
 	}
-	s.ckptAt = max(s.cfg.checkpointBytes, size)
+	s.ckptAt = s.checkpointAt(size)
 	if err := os.Remove(filepath.Join(s.dir, oldJournalName)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove old journal: %w", err)
 	}
@@ -236,4 +236,18 @@ func (s *Store) syncTree() error {
 func (s *Store) underFUSE() bool {
 	var st unix.Statfs_t
 	return unix.Statfs(s.dir, &st) != nil || st.Type == unix.FUSE_SUPER_MAGIC
+}
+
+// maxCheckpointBytes caps the journal size that triggers a checkpoint,
+// however large the snapshot: replaying a journal at Open keeps a few
+// dozen bytes per record in memory (the bodies it holds, the paths it
+// touched), so the cap bounds the memory of a recovery. With a large
+// backlog it costs snapshot writes: a snapshot of a million messages (about
+// 300 MiB) is written for every 32 MiB of journal.
+const maxCheckpointBytes = 32 << 20
+
+// checkpointAt is the journal size that triggers the next checkpoint after
+// a snapshot of size bytes.
+func (s *Store) checkpointAt(size int64) int64 {
+	return max(s.cfg.checkpointBytes, min(size, maxCheckpointBytes))
 }

@@ -79,8 +79,8 @@
 //
 // # Checkpoints
 //
-// When the journal outgrows max(16 MiB, snapshot size), and at Close, a
-// checkpoint rotates the journal (journal becomes journal.old, a fresh
+// When the journal outgrows max(16 MiB, min(snapshot size, 32 MiB)), and
+// at Close, a checkpoint rotates the journal (journal becomes journal.old, a fresh
 // journal takes new commits), takes a copy-on-write clone of the index,
 // finishes the file operations of the old journal, syncfs(2)s the store so
 // every body file is durable, writes the snapshot and removes journal.old.
@@ -111,7 +111,9 @@
 //
 // The spill is a cache of the snapshot and the journal: Open removes
 // DIR/spill and spills again while it loads, so recovery runs in the same
-// bounded memory. The repair reads state directories a chunk at a time and
+// bounded memory. The journal replayed at Open is at most about 32 MiB
+// (the checkpoint cap above): the replay keeps per record the journal
+// offset of a new body and a 64-bit hash of each path it touched. The repair reads state directories a chunk at a time and
 // ticks spilled messages off in a bitmap. The set of body files to fsync at
 // the next checkpoint holds at most 8192 paths; past it the checkpoint
 // fsyncs every file of the directories noted (or relies on syncfs(2) when
