@@ -43,6 +43,7 @@ type queue struct {
 	archived *btree.BTreeG[*entry]                            // archived messages by name
 	counts   [len(queuecore.States) + 1]queuecore.Count
 	spill    *spill // newer ready messages past the index's spillAt; nil: none
+	tail     int    // ready messages in the tree that sort after the spill's last record
 }
 
 func lessOrder(a, b *entry) bool {
@@ -109,11 +110,13 @@ type index struct {
 	maxID  uint64
 
 	// Spilling (spill.go): off when spillAt is 0.
-	spillAt  int
-	spillDir string
-	spillGen uint64
-	spilled  map[*queue]struct{} // queues with a spill
-	spillLog func(msg string, err error)
+	spillAt    int
+	spillKeep  int // spillKeepFor(spillAt)
+	spillBatch int // spillBatchFor(spillKeep)
+	spillDir   string
+	spillGen   uint64
+	spilled    map[*queue]struct{} // queues with a spill
+	spillLog   func(msg string, err error)
 }
 
 func newIndex() *index {
@@ -140,33 +143,92 @@ func (ix *index) get(id uint64) (*entry, error) {
 	return nil, nil
 }
 
-// spillable says whether a new ready entry goes to its queue's spill,
-// making one if the queue's ready tree has reached spillAt and e sorts
-// after all of it.
-func (ix *index) spillable(e *entry) bool {
-	q := e.q
-	if ix.spillAt <= 0 || e.state != queuecore.StateReady {
-		return false
-	}
-	if q.spill != nil {
-		return q.spill.after(e)
-	}
+// spillKeepFor is the number of newest ready messages a queue with a
+// spill keeps in its tree, for a threshold of spillAt: commits of
+// concurrent publishes arrive a little out of (Seq, ID) order, and a
+// message can go to the spill only after its last record. They move to
+// the spill by batches of spillBatchFor(keep).
+func spillKeepFor(spillAt int) int { return min(256, max(1, spillAt/16)) }
+
+func spillBatchFor(keep int) int { return min(spillPerBlock, keep) }
+
+// spillNew is called after a ready entry went into q's tree: it starts a
+// spill once the tree holds spillAt messages and a batch more, and moves
+// the oldest of the tail (the messages past the spill's end) to it once
+// the tail holds a batch more than spillKeep.
+func (ix *index) spillNew(q *queue, e *entry) {
 	t := q.byState[queuecore.StateReady]
-	if t.Len() < ix.spillAt {
-		return false
+	if q.spill != nil {
+		if q.spill.after(e) {
+			q.tail++
+		}
+		if q.tail < ix.spillKeep+ix.spillBatch {
+			return
+		}
+		sp := q.spill
+		pivot := &entry{key: sp.lastKey, seq: sp.lastSeq, id: sp.last}
+		var es []*entry
+		t.AscendGreaterOrEqual(pivot, func(x *entry) bool {
+			if lessOrder(pivot, x) {
+				es = append(es, x)
+			}
+			return true
+		})
+		ix.moveToSpill(q, es)
+		return
 	}
-	if last, ok := t.Max(); ok && !lessOrder(last, e) {
-		return false
+	if t.Len() < ix.spillAt+ix.spillKeep+ix.spillBatch {
+		return
 	}
 	ix.spillGen++
 	sp, err := newSpill(ix.spillDir, ix.spillGen, q.name)
 	if err != nil {
 		ix.spillLog("cannot spill ready messages; they stay in memory", err)
-		return false
+		ix.spillAt = 0
+		return
 	}
 	q.spill = sp
 	ix.spilled[q] = struct{}{}
-	return true
+	es := make([]*entry, 0, t.Len()-ix.spillAt)
+	i := 0
+	t.Ascend(func(x *entry) bool {
+		if i >= ix.spillAt {
+			es = append(es, x)
+		}
+		i++
+		return true
+	})
+	ix.moveToSpill(q, es)
+}
+
+// moveToSpill appends the oldest of es (ready entries of q's tree, in
+// order, all after the spill's end) to the spill, all but the newest
+// spillKeep, and takes them out of the tree. One the spill cannot take
+// (its ID is too far behind) stays. It recounts the tail.
+func (ix *index) moveToSpill(q *queue, es []*entry) {
+	sp := q.spill
+	n := max(len(es)-ix.spillKeep, 0)
+	moved := make([]bool, n)
+	for i, e := range es[:n] {
+		if !sp.canTake(e) {
+			continue
+		}
+		if _, err := sp.append(e); err != nil {
+			ix.spillLog("cannot write to the spill; ready messages stay in memory", err)
+			ix.spillAt = 0
+			break
+		}
+		moved[i] = true
+		delete(ix.byID, e.id)
+		q.byState[e.state].Delete(e)
+		q.live.Delete(e)
+	}
+	q.tail = 0
+	for i, e := range es {
+		if (i >= n || !moved[i]) && sp.after(e) {
+			q.tail++
+		}
+	}
 }
 
 // dropSpill lets go of q's spill (its readers keep the file until done).
@@ -177,6 +239,7 @@ func (ix *index) dropSpill(q *queue) {
 	q.spill.dropped = true
 	q.spill.release()
 	q.spill = nil
+	q.tail = 0
 	delete(ix.spilled, q)
 }
 
@@ -187,17 +250,6 @@ func timed(st queuecore.State) bool {
 func (ix *index) add(e *entry) {
 	q := e.q
 	e.slot = 0
-	if ix.spillable(e) {
-		r, err := q.spill.append(e)
-		if err == nil {
-			e.slot = int32(r + 1)
-			c := &q.counts[e.state]
-			c.N++
-			c.Bytes += e.size
-			return
-		}
-		ix.spillLog("cannot write to the spill; the message stays in memory", err)
-	}
 	ix.byID[e.id] = e
 	q.byState[e.state].ReplaceOrInsert(e)
 	q.names(e.state).ReplaceOrInsert(e)
@@ -207,10 +259,21 @@ func (ix *index) add(e *entry) {
 	c := &q.counts[e.state]
 	c.N++
 	c.Bytes += e.size
+	if e.state == queuecore.StateReady && ix.spillAt > 0 {
+		ix.spillNew(q, e)
+	}
 }
 
 func (ix *index) remove(e *entry) {
 	q := e.q
+	if e.slot == 0 && ix.byID[e.id] != e && q.spill != nil {
+		// Moved to the spill since (undo of a batch).
+		if _, se, err := q.spill.byID(q, e.id); se != nil {
+			e = se
+		} else if err != nil {
+			ix.spillLog("cannot read the spill", err)
+		}
+	}
 	if e.slot > 0 {
 		q.spill.del(int(e.slot - 1))
 		if q.spill.live == 0 {
@@ -220,6 +283,9 @@ func (ix *index) remove(e *entry) {
 		c.N--
 		c.Bytes -= e.size
 		return
+	}
+	if e.state == queuecore.StateReady && q.spill != nil && q.spill.after(e) {
+		q.tail--
 	}
 	delete(ix.byID, e.id)
 	q.byState[e.state].Delete(e)

@@ -34,9 +34,11 @@ const (
 )
 
 // spill is one queue's spill file and the compact index of its records.
-// Records are appended in (key, seq, id) order with increasing IDs, so the
-// file is in List order and a record is found by ID with a binary search
-// over the blocks. Names are found through an open-addressing table of
+// Records are appended in (key, seq, id) order, so the file is in List
+// order. IDs are nearly in that order too (queuecore gives IDs and Seqs
+// close together): a record's ID must be larger than every ID two blocks
+// before its own, so that a record is found by ID with a binary search
+// over the blocks' running maximum and a read of at most two blocks. Names are found through an open-addressing table of
 // record numbers keyed by a 32-bit hash of the name; a hit is confirmed by
 // reading the record. A record that leaves the ready state (lease, rename,
 // delete) is marked gone; the file is never rewritten, and it is removed
@@ -57,7 +59,7 @@ type spill struct {
 	live     int      // records not gone
 	dropped  bool     // the queue let go of this spill
 	blockOff []int64  // file offset of record b*spillPerBlock
-	blockID  []uint64 // ID of record b*spillPerBlock
+	blockMax []uint64 // largest ID in blocks 0 to b
 	hashes   []uint32 // per record: hash of its name
 	gone     []uint64 // per record: one bit, set once it left the spill
 	table    []uint32 // record+1 by name hash; 0 is an empty slot
@@ -89,17 +91,22 @@ func (sp *spill) release() {
 	}
 }
 
-// after says whether e can be appended: it sorts after the last record
-// and has a larger ID.
+// after says whether e sorts after the last record.
 func (sp *spill) after(e *entry) bool {
 	if sp.n == 0 {
 		return true
 	}
-	if e.id <= sp.last {
-		return false
-	}
 	last := entry{key: sp.lastKey, seq: sp.lastSeq, id: sp.last}
 	return lessOrder(&last, e)
+}
+
+// canTake says whether e can be appended: it sorts after the last record
+// and its ID is larger than those of the blocks before the one before.
+func (sp *spill) canTake(e *entry) bool {
+	if b := sp.n/spillPerBlock - 2; b >= 0 && e.id <= sp.blockMax[b] {
+		return false
+	}
+	return sp.after(e)
 }
 
 func (sp *spill) hash(name string) uint32 {
@@ -126,9 +133,14 @@ func (sp *spill) append(e *entry) (int, error) {
 	}
 	r := sp.n
 	if r%spillPerBlock == 0 {
+		prev := uint64(0)
+		if len(sp.blockMax) > 0 {
+			prev = sp.blockMax[len(sp.blockMax)-1]
+		}
 		sp.blockOff = append(sp.blockOff, sp.size)
-		sp.blockID = append(sp.blockID, e.id)
+		sp.blockMax = append(sp.blockMax, prev)
 	}
+	sp.blockMax[len(sp.blockMax)-1] = max(sp.blockMax[len(sp.blockMax)-1], e.id)
 	sp.size += int64(len(out))
 	sp.n++
 	sp.live++
@@ -219,26 +231,28 @@ func (sp *spill) find(q *queue, name string) (int, *entry, error) {
 	return -1, nil, nil
 }
 
-// byID returns the live record of message id, or -1.
+// byID returns the live record of message id, or -1. Only the first block
+// whose running maximum reaches id and the one after can hold it (see
+// canTake).
 func (sp *spill) byID(q *queue, id uint64) (int, *entry, error) {
-	if sp.live == 0 || id > sp.last || id < sp.blockID[0] {
+	nb := len(sp.blockMax)
+	if sp.live == 0 || id > sp.blockMax[nb-1] {
 		return -1, nil, nil
 	}
-	b := sort.Search(len(sp.blockID), func(i int) bool { return sp.blockID[i] > id }) - 1
-	if b < 0 || (b+1)*spillPerBlock <= sp.head {
-		return -1, nil, nil
-	}
-	es, err := sp.readBlock(q, b)
-	if err != nil {
-		return -1, nil, err
-	}
-	for j, e := range es {
-		if e.id == id {
-			r := b*spillPerBlock + j
-			if sp.isGone(r) {
-				return -1, nil, nil
+	b0 := sort.Search(nb, func(i int) bool { return sp.blockMax[i] >= id })
+	for b := max(b0, sp.head/spillPerBlock); b <= b0+1 && b < nb; b++ {
+		es, err := sp.readBlock(q, b)
+		if err != nil {
+			return -1, nil, err
+		}
+		for _, e := range es {
+			if e.id == id {
+				r := int(e.slot - 1)
+				if sp.isGone(r) {
+					return -1, nil, nil
+				}
+				return r, e, nil
 			}
-			return r, e, nil
 		}
 	}
 	return -1, nil, nil

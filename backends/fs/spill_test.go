@@ -50,15 +50,15 @@ func TestSpill(t *testing.T) {
 	cfg := config{spillAt: 4}
 	s := openTest(t, dir, queuecore.SyncFull, cfg, nil)
 	mustPutQueues(t, s, "q", "r")
-	const n = 300
+	const n = 1000
 	var want []string
 	for i := uint64(1); i <= n; i++ {
 		m := tmsg(i, "q", fmt.Sprintf("m%04d", i), queuecore.StateReady)
 		mustApply(t, s, tins(m))
 		want = append(want, m.Name)
 	}
-	if sp := s.ix.queues["q"].spill; sp == nil || sp.live != n-4 {
-		t.Fatalf("spill after %d publishes: %+v, want %d records", n, sp, n-4)
+	if sp, tree := s.ix.queues["q"].spill, s.ix.queues["q"].byState[queuecore.StateReady].Len(); sp == nil || sp.live+tree != n || tree > 4+2 {
+		t.Fatalf("after %d publishes: %d ready messages in the tree, spill %+v; want at most 6 in the tree", n, tree, sp)
 	}
 	if got := spillFiles(t, dir); len(got) != 1 {
 		t.Fatalf("spill files %v, want one", got)
@@ -209,4 +209,48 @@ func heapAlloc() int64 {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	return int64(ms.HeapAlloc)
+}
+
+// TestSpillOutOfOrder commits messages whose IDs and Seqs are a little out
+// of order, as concurrent publishes are: they still spill (but for the
+// tail kept in memory), and List gives them in (Seq, ID) order.
+func TestSpillOutOfOrder(t *testing.T) {
+	dir := t.TempDir()
+	s := openTest(t, dir, queuecore.SyncOff, config{spillAt: 64}, nil)
+	mustPutQueues(t, s, "q")
+	const n = 3000
+	ids := make([]uint64, n)
+	for i := range ids {
+		ids[i] = uint64(i + 1)
+	}
+	// Shuffle IDs within windows of 8 and commit in an order that is
+	// shuffled too: Seq follows the commit order, ID does not.
+	for w := 0; w+8 <= n; w += 8 {
+		win := ids[w : w+8]
+		win[0], win[5], win[2], win[7] = win[5], win[0], win[7], win[2]
+	}
+	var want []string
+	for i, id := range ids {
+		m := tmsg(id, "q", fmt.Sprintf("m%05d", id), queuecore.StateReady)
+		m.Seq = uint64(n + i) // commit order
+		mustApply(t, s, tins(m))
+		want = append(want, m.Name)
+	}
+	q := s.ix.queues["q"]
+	if tree := q.byState[queuecore.StateReady].Len(); q.spill == nil || tree > 64+spillKeepFor(64)+spillBatchFor(spillKeepFor(64)) {
+		t.Fatalf("%d of %d ready messages stayed in the tree", tree, n)
+	}
+	if got := listNames(t, s, "q", queuecore.StateReady); !slices.Equal(got, want) {
+		t.Fatalf("List order differs from commit order")
+	}
+	for _, id := range []uint64{1, 6, 1500, 2999, 3000} {
+		m := tmsg(id, "q", fmt.Sprintf("m%05d", id), queuecore.StateReady)
+		got, err := s.Lookup(context.Background(), "q", m.Name, false)
+		if err != nil || got.ID != id {
+			t.Errorf("Lookup %s = %d, %v", m.Name, got.ID, err)
+		}
+		if b, err := s.Body(context.Background(), id); err != nil || string(b) != string(tbody(id)) {
+			t.Errorf("Body(%d) = %q, %v", id, b, err)
+		}
+	}
 }

@@ -170,6 +170,8 @@ func open(ctx context.Context, dir string, opts backends.Options, cfg config) (*
 	if s.ix.spillAt == 0 {
 		s.ix.spillAt = defaultSpillAt
 	}
+	s.ix.spillKeep = spillKeepFor(s.ix.spillAt)
+	s.ix.spillBatch = spillBatchFor(s.ix.spillKeep)
 	s.ix.spillDir = filepath.Join(dir, spillDir)
 	s.ix.spillLog = func(msg string, err error) { s.log.Warn(msg, logErr, err) }
 	if err := s.recover(ctx); err != nil {
