@@ -246,11 +246,9 @@ func (sp *spill) byID(q *queue, id uint64) (int, *entry, error) {
 			return -1, nil, err
 		}
 		for _, e := range es {
-			if e.id == id {
-				r := int(e.slot - 1)
-				if sp.isGone(r) {
-					return -1, nil, nil
-				}
+			// A message can come back to the spill (a nack, a rename):
+			// its gone records stay, so skip them.
+			if r := int(e.slot - 1); e.id == id && !sp.isGone(r) {
 				return r, e, nil
 			}
 		}
