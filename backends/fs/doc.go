@@ -90,10 +90,13 @@
 //
 // A backlog must not grow the daemon's memory with it (about 180 bytes of
 // heap a message in the index). Past the spill threshold (Tuning.SpillAt,
-// --fs-spill-at, default 4096 ready messages in a queue), a new ready
-// message that sorts after the queue's last spilled one (and has a larger
-// ID) is appended to the queue's spill file instead of the index: a
-// record of its packed metadata, in List order. In memory a spilled
+// --fs-spill-at, default 4096 ready messages in a queue), the queue's
+// ready messages that sort after its last spilled one (its tail) move to
+// the queue's spill file by batches of 64, all but the newest
+// SpillAt/16 (at most 256), which absorb commits that arrive a little out
+// of (Seq, ID) order: a record of its packed metadata, in List order. A
+// record's ID must exceed the IDs two blocks before it, else the message
+// stays in the index. In memory a spilled
 // message costs about 12 bytes: a 32-bit hash of its name, its slot in an
 // open-addressing table of record numbers by name hash, and per block of
 // 64 records a file offset and a first ID. A name is found by probing the
@@ -107,7 +110,10 @@
 // bitmap. Below the threshold nothing changes: a small queue's messages
 // are all in the index. A higher-priority message, or one that sorts
 // before the spill's end, stays in the index, so a backlog of mixed
-// priorities spills less.
+// priorities spills less. The file and the per-record hash and bitmap only
+// shrink when the spill empties: a queue whose backlog never drains below
+// the threshold keeps about 4 bytes of memory and its record on disk for
+// every message that passed through its spill (compaction is not done).
 //
 // The spill is a cache of the snapshot and the journal: Open removes
 // DIR/spill and spills again while it loads, so recovery runs in the same
