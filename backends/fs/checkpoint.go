@@ -78,12 +78,13 @@ func (s *Store) finishCheckpoint(start time.Time, old *journal, img *snapshotIma
 	}
 	s.held = nil
 	s.ckptRunning = false
+	img.release()
 	if err != nil {
 		err = fmt.Errorf("checkpoint: %w", err)
 		s.failLocked(err)
 		return err
 	}
-	s.ckptAt = max(s.cfg.checkpointBytes, size)
+	s.ckptAt = s.checkpointAt(size)
 	s.log.Debug("checkpoint", logCount, n, logBytes, size, logTook, time.Since(start))
 	return nil
 }
@@ -189,10 +190,11 @@ func (s *Store) checkpointAtOpen() error {
 	img := s.imageLocked()
 	s.mu.Unlock()
 	size, err := writeSnapshot(s.dir, img, sync)
+	img.release()
 	if err != nil {
 		return fmt.Errorf("write snapshot: %w", err)
 	}
-	s.ckptAt = max(s.cfg.checkpointBytes, size)
+	s.ckptAt = s.checkpointAt(size)
 	if err := os.Remove(filepath.Join(s.dir, oldJournalName)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove old journal: %w", err)
 	}
@@ -219,11 +221,33 @@ func (s *Store) checkpointAtOpen() error {
 // be half synced), mostly meets clean files. Under FUSE syncfs does not
 // reach the file system, and the exact pass does the work.
 func (s *Store) syncTree() error {
+	syncfsOK := false
 	if fd, err := unix.Open(s.dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err == nil {
-		_ = unix.Syncfs(fd)
+		syncfsOK = unix.Syncfs(fd) == nil && !s.underFUSE()
 		unix.Close(fd)
 	}
 	s.fileMu.Lock()
 	defer s.fileMu.Unlock()
-	return s.dirty.sync()
+	return s.dirty.sync(syncfsOK)
+}
+
+// underFUSE says whether the store lives on a FUSE file system, where
+// syncfs(2) does not reach the files.
+func (s *Store) underFUSE() bool {
+	var st unix.Statfs_t
+	return unix.Statfs(s.dir, &st) != nil || st.Type == unix.FUSE_SUPER_MAGIC
+}
+
+// maxCheckpointBytes caps the journal size that triggers a checkpoint,
+// however large the snapshot: replaying a journal at Open keeps a few
+// dozen bytes per record in memory (the bodies it holds, the paths it
+// touched), so the cap bounds the memory of a recovery. With a large
+// backlog it costs snapshot writes: a snapshot of a million messages (about
+// 300 MiB) is written for every 32 MiB of journal.
+const maxCheckpointBytes = 32 << 20
+
+// checkpointAt is the journal size that triggers the next checkpoint after
+// a snapshot of size bytes.
+func (s *Store) checkpointAt(size int64) int64 {
+	return max(s.cfg.checkpointBytes, min(size, maxCheckpointBytes))
 }

@@ -36,3 +36,18 @@ func TestConformanceTinyCheckpoints(t *testing.T) {
 func TestCrashTinyCheckpoints(t *testing.T) {
 	backendtest.RunCrash(t, openTinyCheckpoints)
 }
+
+// openTinySpill opens a store whose queues spill past 2 ready messages and
+// that checkpoints after about every commit, so that the suites run with
+// most ready messages in spill files, across journal rotations.
+func openTinySpill(ctx context.Context, dir string, sync queuecore.SyncMode) (queuecore.Store, error) {
+	return open(ctx, dir, backends.Options{Sync: sync}, config{checkpointBytes: 1, spillAt: 2})
+}
+
+func TestConformanceTinySpill(t *testing.T) {
+	backendtest.Run(t, openTinySpill)
+}
+
+func TestCrashTinySpill(t *testing.T) {
+	backendtest.RunCrash(t, openTinySpill)
+}

@@ -18,6 +18,9 @@
 //	                              DeleteQueue (emptied in the background and at Open)
 //	DIR/lost+found/               files found at Open that no metadata
 //	                              explains; kept for the operator, never read
+//	DIR/spill/QUEUE.N             the metadata of a queue's newer ready
+//	                              messages past the spill threshold (a cache:
+//	                              emptied and rebuilt at Open, see Spill)
 //
 // Queue names are [A-Za-z0-9._-] and never start with '.'; message names
 // never start with '.', hold no '/' or NUL and are at most 255 bytes. Live
@@ -29,7 +32,8 @@
 //
 // The files hold bodies only. Metadata (queues with their policy and
 // permissions, and every message's queuecore.Message) lives in memory, in
-// an index of B-trees, and on disk in the snapshot plus the journal.
+// an index of B-trees (except a backlog's spilled ready messages, below),
+// and on disk in the snapshot plus the journal.
 //
 // The journal is an append-only log of committed batches. Each record is a
 // frame: a 19-byte header "#LLLLLLLL CCCCCCCC\n" (payload length and
@@ -75,12 +79,51 @@
 //
 // # Checkpoints
 //
-// When the journal outgrows max(16 MiB, snapshot size), and at Close, a
-// checkpoint rotates the journal (journal becomes journal.old, a fresh
+// When the journal outgrows max(16 MiB, min(snapshot size, 32 MiB)), and
+// at Close, a checkpoint rotates the journal (journal becomes journal.old, a fresh
 // journal takes new commits), takes a copy-on-write clone of the index,
 // finishes the file operations of the old journal, syncfs(2)s the store so
 // every body file is durable, writes the snapshot and removes journal.old.
 // Commits go on meanwhile.
+//
+// # Spill
+//
+// A backlog must not grow the daemon's memory with it (about 180 bytes of
+// heap a message in the index). Past the spill threshold (Tuning.SpillAt,
+// --fs-spill-at, default 4096 ready messages in a queue), the queue's
+// ready messages that sort after its last spilled one (its tail) move to
+// the queue's spill file by batches of 64, all but the newest
+// SpillAt/16 (at most 256), which absorb commits that arrive a little out
+// of (Seq, ID) order: a record of its packed metadata, in List order. A
+// record's ID must exceed the IDs two blocks before it, else the message
+// stays in the index. In memory a spilled
+// message costs about 12 bytes: a 32-bit hash of its name, its slot in an
+// open-addressing table of record numbers by name hash, and per block of
+// 64 records a file offset and a first ID. A name is found by probing the
+// table and reading the record whose hash matches (a miss reads nothing);
+// an ID by a binary search over the blocks and a read of one block. A
+// message that leaves the ready state (lease, rename, delete) is marked
+// gone in a bitmap and, if it stays live, enters the index like any
+// message; the file is removed with its last live record. List of a
+// queue's ready messages merges its tree with the spill file read a block
+// at a time; a checkpoint writes both into the snapshot, from a copy of the
+// bitmap. Below the threshold nothing changes: a small queue's messages
+// are all in the index. A higher-priority message, or one that sorts
+// before the spill's end, stays in the index, so a backlog of mixed
+// priorities spills less. The file and the per-record hash and bitmap only
+// shrink when the spill empties: a queue whose backlog never drains below
+// the threshold keeps about 4 bytes of memory and its record on disk for
+// every message that passed through its spill (compaction is not done).
+//
+// The spill is a cache of the snapshot and the journal: Open removes
+// DIR/spill and spills again while it loads, so recovery runs in the same
+// bounded memory. The journal replayed at Open is at most about 32 MiB
+// (the checkpoint cap above): the replay keeps per record the journal
+// offset of a new body and a 64-bit hash of each path it touched. The repair reads state directories a chunk at a time and
+// ticks spilled messages off in a bitmap. The set of body files to fsync at
+// the next checkpoint holds at most 8192 paths; past it the checkpoint
+// fsyncs every file of the directories noted (or relies on syncfs(2) when
+// the store is not itself under FUSE).
 //
 // # Open and repair
 //

@@ -3,6 +3,7 @@ package fs
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -306,11 +307,19 @@ func (s *Store) trashQueue(name string, lsn uint64) error {
 // a checkpoint fsyncs exactly these before the snapshot lets the journal
 // go. (syncfs(2) would be one call, but it does not reach the file system
 // under a FUSE mount, nor is a store's durability worth betting on it.)
+//
+// The set of files is capped at maxDirtyFiles paths, so that a backlog
+// published between two checkpoints does not grow memory with it: past
+// the cap only directories are noted, and sync fsyncs every file of them
+// (unless syncfs(2) did the work already).
 type dirtySet struct {
-	mu    sync.Mutex
-	files map[string]struct{}
-	dirs  map[string]struct{}
+	mu       sync.Mutex
+	files    map[string]struct{}
+	dirs     map[string]struct{}
+	overflow bool // more than maxDirtyFiles files: every file in dirs is dirty
 }
+
+const maxDirtyFiles = 8192
 
 // file notes a body file written or moved to path, and its directory.
 func (d *dirtySet) file(path string) {
@@ -319,7 +328,13 @@ func (d *dirtySet) file(path string) {
 	if d.files == nil {
 		d.files, d.dirs = map[string]struct{}{}, map[string]struct{}{}
 	}
-	d.files[path] = struct{}{}
+	if !d.overflow {
+		d.files[path] = struct{}{}
+		if len(d.files) > maxDirtyFiles {
+			d.overflow = true
+			clear(d.files)
+		}
+	}
 	d.dirs[filepath.Dir(path)] = struct{}{}
 }
 
@@ -338,10 +353,12 @@ func (d *dirtySet) dir(dirs ...string) {
 // sync fsyncs every file, then every directory, noted since the last
 // call. Paths that are gone were moved or removed later, and their new
 // places are noted too. On failure the set is kept for the next try.
-func (d *dirtySet) sync() error {
+// After an overflow, every file of the noted directories is synced,
+// unless syncfsOK says a syncfs(2) of the store did it.
+func (d *dirtySet) sync(syncfsOK bool) error {
 	d.mu.Lock()
-	files, dirs := d.files, d.dirs
-	d.files, d.dirs = nil, nil
+	files, dirs, overflow := d.files, d.dirs, d.overflow
+	d.files, d.dirs, d.overflow = nil, nil, false
 	d.mu.Unlock()
 	restore := func() {
 		for f := range files {
@@ -349,6 +366,19 @@ func (d *dirtySet) sync() error {
 		}
 		for x := range dirs {
 			d.dir(x)
+		}
+		if overflow {
+			d.mu.Lock()
+			d.overflow = true
+			d.mu.Unlock()
+		}
+	}
+	if overflow && !syncfsOK {
+		for x := range dirs {
+			if err := fsyncFilesIn(x); err != nil {
+				restore()
+				return err
+			}
 		}
 	}
 	for f := range files {
@@ -379,4 +409,30 @@ func fsyncPath(p string) error {
 		return fmt.Errorf("fsync %s: %w", p, err)
 	}
 	return nil
+}
+
+// fsyncFilesIn fsyncs every file of dir, reading it a chunk at a time.
+func fsyncFilesIn(dir string) error {
+	f, err := os.Open(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	for {
+		names, err := f.Readdirnames(4096)
+		for _, n := range names {
+			if err := fsyncPath(dir + "/" + n); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EISDIR) {
+				return err
+			}
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+	}
 }

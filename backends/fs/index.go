@@ -29,6 +29,7 @@ type entry struct {
 	data  string // name, then the packed rest of the Message
 	nlen  uint8  // len(name)
 	state queuecore.State
+	slot  int32 // record+1 in e.q's spill (a copy read from there), 0 in the trees
 }
 
 func (e *entry) name() string { return e.data[:e.nlen] }
@@ -41,6 +42,8 @@ type queue struct {
 	live     *btree.BTreeG[*entry]                            // live messages by name
 	archived *btree.BTreeG[*entry]                            // archived messages by name
 	counts   [len(queuecore.States) + 1]queuecore.Count
+	spill    *spill // newer ready messages past the index's spillAt; nil: none
+	tail     int    // ready messages in the tree that sort after the spill's last record
 }
 
 func lessOrder(a, b *entry) bool {
@@ -79,17 +82,24 @@ func (q *queue) names(st queuecore.State) *btree.BTreeG[*entry] {
 	return q.live
 }
 
-// named finds the message of q called name among the archived or the live.
-func (q *queue) named(name string, archived bool) *entry {
+// named finds the message of q called name among the archived or the live
+// (in the trees, then in the spill).
+func (q *queue) named(name string, archived bool) (*entry, error) {
 	t := q.live
 	if archived {
 		t = q.archived
 	}
 	if len(name) > 255 {
-		return nil
+		return nil, nil
 	}
-	e, _ := t.Get(&entry{data: name, nlen: uint8(len(name))})
-	return e
+	if e, ok := t.Get(&entry{data: name, nlen: uint8(len(name))}); ok {
+		return e, nil
+	}
+	if archived || q.spill == nil {
+		return nil, nil
+	}
+	_, e, err := q.spill.find(q, name)
+	return e, err
 }
 
 // index is the in-memory metadata of the store. The Store's mutex guards it.
@@ -98,14 +108,139 @@ type index struct {
 	byID   map[uint64]*entry
 	due    *btree.BTreeG[*entry] // leased and delayed messages by (deadline, id)
 	maxID  uint64
+
+	// Spilling (spill.go): off when spillAt is 0.
+	spillAt    int
+	spillKeep  int // spillKeepFor(spillAt)
+	spillBatch int // spillBatchFor(spillKeep)
+	spillDir   string
+	spillGen   uint64
+	spilled    map[*queue]struct{} // queues with a spill
+	spillLog   func(msg string, err error)
 }
 
 func newIndex() *index {
 	return &index{
-		queues: map[string]*queue{},
-		byID:   map[uint64]*entry{},
-		due:    btree.NewG(btreeDegree, lessDue),
+		queues:   map[string]*queue{},
+		byID:     map[uint64]*entry{},
+		due:      btree.NewG(btreeDegree, lessDue),
+		spilled:  map[*queue]struct{}{},
+		spillLog: func(string, error) {},
 	}
+}
+
+// get finds a message by ID, in the trees or in a spill.
+func (ix *index) get(id uint64) (*entry, error) {
+	if e := ix.byID[id]; e != nil {
+		return e, nil
+	}
+	for q := range ix.spilled {
+		_, e, err := q.spill.byID(q, id)
+		if e != nil || err != nil {
+			return e, err
+		}
+	}
+	return nil, nil
+}
+
+// spillKeepFor is the number of newest ready messages a queue with a
+// spill keeps in its tree, for a threshold of spillAt: commits of
+// concurrent publishes arrive a little out of (Seq, ID) order, and a
+// message can go to the spill only after its last record. They move to
+// the spill by batches of spillBatchFor(keep).
+func spillKeepFor(spillAt int) int { return min(256, max(1, spillAt/16)) }
+
+func spillBatchFor(keep int) int { return min(spillPerBlock, keep) }
+
+// spillNew is called after a ready entry went into q's tree: it starts a
+// spill once the tree holds spillAt messages and a batch more, and moves
+// the oldest of the tail (the messages past the spill's end) to it once
+// the tail holds a batch more than spillKeep.
+func (ix *index) spillNew(q *queue, e *entry) {
+	t := q.byState[queuecore.StateReady]
+	if q.spill != nil {
+		if q.spill.after(e) {
+			q.tail++
+		}
+		if q.tail < ix.spillKeep+ix.spillBatch {
+			return
+		}
+		sp := q.spill
+		pivot := &entry{key: sp.lastKey, seq: sp.lastSeq, id: sp.last}
+		var es []*entry
+		t.AscendGreaterOrEqual(pivot, func(x *entry) bool {
+			if lessOrder(pivot, x) {
+				es = append(es, x)
+			}
+			return true
+		})
+		ix.moveToSpill(q, es)
+		return
+	}
+	if t.Len() < ix.spillAt+ix.spillKeep+ix.spillBatch {
+		return
+	}
+	ix.spillGen++
+	sp, err := newSpill(ix.spillDir, ix.spillGen, q.name)
+	if err != nil {
+		ix.spillLog("cannot spill ready messages; they stay in memory", err)
+		ix.spillAt = 0
+		return
+	}
+	q.spill = sp
+	ix.spilled[q] = struct{}{}
+	es := make([]*entry, 0, t.Len()-ix.spillAt)
+	i := 0
+	t.Ascend(func(x *entry) bool {
+		if i >= ix.spillAt {
+			es = append(es, x)
+		}
+		i++
+		return true
+	})
+	ix.moveToSpill(q, es)
+}
+
+// moveToSpill appends the oldest of es (ready entries of q's tree, in
+// order, all after the spill's end) to the spill, all but the newest
+// spillKeep, and takes them out of the tree. One the spill cannot take
+// (its ID is too far behind) stays. It recounts the tail.
+func (ix *index) moveToSpill(q *queue, es []*entry) {
+	sp := q.spill
+	n := max(len(es)-ix.spillKeep, 0)
+	moved := make([]bool, n)
+	for i, e := range es[:n] {
+		if !sp.canTake(e) {
+			continue
+		}
+		if _, err := sp.append(e); err != nil {
+			ix.spillLog("cannot write to the spill; ready messages stay in memory", err)
+			ix.spillAt = 0
+			break
+		}
+		moved[i] = true
+		delete(ix.byID, e.id)
+		q.byState[e.state].Delete(e)
+		q.live.Delete(e)
+	}
+	q.tail = 0
+	for i, e := range es {
+		if (i >= n || !moved[i]) && sp.after(e) {
+			q.tail++
+		}
+	}
+}
+
+// dropSpill lets go of q's spill (its readers keep the file until done).
+func (ix *index) dropSpill(q *queue) {
+	if q.spill == nil {
+		return
+	}
+	q.spill.dropped = true
+	q.spill.release()
+	q.spill = nil
+	q.tail = 0
+	delete(ix.spilled, q)
 }
 
 func timed(st queuecore.State) bool {
@@ -113,8 +248,9 @@ func timed(st queuecore.State) bool {
 }
 
 func (ix *index) add(e *entry) {
-	ix.byID[e.id] = e
 	q := e.q
+	e.slot = 0
+	ix.byID[e.id] = e
 	q.byState[e.state].ReplaceOrInsert(e)
 	q.names(e.state).ReplaceOrInsert(e)
 	if timed(e.state) {
@@ -123,11 +259,35 @@ func (ix *index) add(e *entry) {
 	c := &q.counts[e.state]
 	c.N++
 	c.Bytes += e.size
+	if e.state == queuecore.StateReady && ix.spillAt > 0 {
+		ix.spillNew(q, e)
+	}
 }
 
 func (ix *index) remove(e *entry) {
-	delete(ix.byID, e.id)
 	q := e.q
+	if e.slot == 0 && ix.byID[e.id] != e && q.spill != nil {
+		// Moved to the spill since (undo of a batch).
+		if _, se, err := q.spill.byID(q, e.id); se != nil {
+			e = se
+		} else if err != nil {
+			ix.spillLog("cannot read the spill", err)
+		}
+	}
+	if e.slot > 0 {
+		q.spill.del(int(e.slot - 1))
+		if q.spill.live == 0 {
+			ix.dropSpill(q)
+		}
+		c := &q.counts[e.state]
+		c.N--
+		c.Bytes -= e.size
+		return
+	}
+	if e.state == queuecore.StateReady && q.spill != nil && q.spill.after(e) {
+		q.tail--
+	}
+	delete(ix.byID, e.id)
 	q.byState[e.state].Delete(e)
 	q.names(e.state).Delete(e)
 	if timed(e.state) {
@@ -139,31 +299,27 @@ func (ix *index) remove(e *entry) {
 }
 
 // load adds a message read from the snapshot. It checks what applyOp
-// checks, but lets the name tree find a taken name (one lookup, not two:
-// loading a million messages is where that shows).
+// checks.
 func (ix *index) load(m *queuecore.Message) error {
 	q, err := ix.checkPlace(m)
 	if err != nil {
 		return err
 	}
-	if _, ok := ix.byID[m.ID]; ok {
+	if other, err := ix.get(m.ID); err != nil || other != nil {
+		if err != nil {
+			return err
+		}
 		return fmt.Errorf("message %d: ID %w", m.ID, queuecore.ErrExists)
 	}
 	e := newEntry(m, q)
-	names := q.names(e.state)
-	if other, taken := names.ReplaceOrInsert(e); taken {
-		names.ReplaceOrInsert(other)
+	if other, err := q.named(m.Name, m.State == queuecore.StateArchived); err != nil || other != nil {
+		if err != nil {
+			return err
+		}
 		return fmt.Errorf("message %d: %s %q in queue %s %w (message %d)",
 			m.ID, kindOfName(m.State), m.Name, m.Queue, queuecore.ErrExists, other.id)
 	}
-	ix.byID[e.id] = e
-	q.byState[e.state].ReplaceOrInsert(e)
-	if timed(e.state) {
-		ix.due.ReplaceOrInsert(e)
-	}
-	c := &q.counts[e.state]
-	c.N++
-	c.Bytes += e.size
+	ix.add(e)
 	ix.maxID = max(ix.maxID, e.id, e.seq)
 	return nil
 }
@@ -201,10 +357,17 @@ func (ix *index) applyOp(op *queuecore.Op) (change, error) {
 		if err != nil {
 			return change{}, err
 		}
-		if _, ok := ix.byID[m.ID]; ok {
+		if other, err := ix.get(m.ID); err != nil || other != nil {
+			if err != nil {
+				return change{}, err
+			}
 			return change{}, fmt.Errorf("insert message %d: ID %w", m.ID, queuecore.ErrExists)
 		}
-		if other := q.named(m.Name, m.State == queuecore.StateArchived); other != nil {
+		other, err := q.named(m.Name, m.State == queuecore.StateArchived)
+		if err != nil {
+			return change{}, err
+		}
+		if other != nil {
 			return change{}, fmt.Errorf("insert message %d: %s %q in queue %s %w (message %d)",
 				m.ID, kindOfName(m.State), m.Name, m.Queue, queuecore.ErrExists, other.id)
 		}
@@ -212,7 +375,10 @@ func (ix *index) applyOp(op *queuecore.Op) (change, error) {
 		ix.add(e)
 		return change{new: e}, nil
 	case queuecore.OpUpdate:
-		old := ix.byID[m.ID]
+		old, err := ix.get(m.ID)
+		if err != nil {
+			return change{}, err
+		}
 		if old == nil {
 			return change{}, fmt.Errorf("update message %d: %w", m.ID, queuecore.ErrNotFound)
 		}
@@ -220,7 +386,11 @@ func (ix *index) applyOp(op *queuecore.Op) (change, error) {
 		if err != nil {
 			return change{}, err
 		}
-		if other := q.named(m.Name, m.State == queuecore.StateArchived); other != nil && other != old {
+		other, err := q.named(m.Name, m.State == queuecore.StateArchived)
+		if err != nil {
+			return change{}, err
+		}
+		if other != nil && other.id != old.id {
 			return change{}, fmt.Errorf("update message %d: %s %q in queue %s %w (message %d)",
 				m.ID, kindOfName(m.State), m.Name, m.Queue, queuecore.ErrExists, other.id)
 		}
@@ -229,7 +399,10 @@ func (ix *index) applyOp(op *queuecore.Op) (change, error) {
 		ix.add(e)
 		return change{old: old, new: e}, nil
 	case queuecore.OpDelete:
-		old := ix.byID[m.ID]
+		old, err := ix.get(m.ID)
+		if err != nil {
+			return change{}, err
+		}
 		if old == nil {
 			return change{}, fmt.Errorf("delete message %d: %w", m.ID, queuecore.ErrNotFound)
 		}
@@ -304,6 +477,7 @@ func (ix *index) deleteQueue(q *queue) {
 			return true
 		})
 	}
+	ix.dropSpill(q)
 	delete(ix.queues, q.name)
 }
 
@@ -319,4 +493,11 @@ func (ix *index) sortedQueues() []*queue {
 
 func sortQueues(qs []*queue) {
 	slices.SortFunc(qs, func(a, b *queue) int { return strings.Compare(a.name, b.name) })
+}
+
+// lacks says whether no message has ID id (a spill that cannot be read
+// counts as having it).
+func (ix *index) lacks(id uint64) bool {
+	e, err := ix.get(id)
+	return e == nil && err == nil
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -133,20 +134,56 @@ func (r *reconciler) queue(q *queue) error {
 }
 
 // stateDir matches the files of one state directory with the index. It
-// matches by a hash of the directory's names, not by a lookup per file,
-// because a state directory may hold a million files.
+// matches the tree's messages by a hash of their names, not by a lookup
+// per file, because a state directory may hold a million files; those of
+// a spill are looked up (a hash probe) and ticked off in a bitmap. The
+// directory is read a chunk at a time, so that memory stays bounded.
 func (r *reconciler) stateDir(q *queue, st queuecore.State) error {
 	s := r.s
 	dir := filepath.Join(s.qdir, q.name, st.Dir())
-	names, err := readNames(dir)
+	f, err := os.Open(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
 	if err != nil {
 		return err
 	}
+	defer f.Close()
 	want := make(map[string]*entry, q.byState[st].Len())
 	q.byState[st].Ascend(func(e *entry) bool {
 		want[e.name()] = e
 		return true
 	})
+	var sp *spill
+	var seen []uint64
+	if st == queuecore.StateReady && q.spill != nil {
+		sp = q.spill
+		seen = make([]uint64, len(sp.gone))
+	}
+	for {
+		names, err := f.Readdirnames(4096)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return fmt.Errorf("read directory %s: %w", dir, err)
+		}
+		if len(names) == 0 {
+			break
+		}
+		if err := r.names(q, dir, names, want, sp, seen); err != nil {
+			return err
+		}
+	}
+	for _, e := range want {
+		r.missing = append(r.missing, e)
+	}
+	return sp.each(q, func(e *entry) {
+		if x := int(e.slot - 1); seen[x/64]&(1<<(x%64)) == 0 {
+			r.missing = append(r.missing, e)
+		}
+	})
+}
+
+// names matches one chunk of a state directory's names: see stateDir.
+func (r *reconciler) names(q *queue, dir string, names []string, want map[string]*entry, sp *spill, seen []uint64) error {
 	for _, name := range names {
 		p := dir + "/" + name
 		if strings.HasPrefix(name, tempPrefix) {
@@ -158,6 +195,14 @@ func (r *reconciler) stateDir(q *queue, st queuecore.State) error {
 		}
 		touched := r.rs.isTouched(q.name, p)
 		e := want[name]
+		fromSpill := false
+		if e == nil && sp != nil && !strings.HasPrefix(name, tempPrefix) {
+			_, se, err := sp.find(q, name)
+			if err != nil {
+				return err
+			}
+			e, fromSpill = se, se != nil
+		}
 		if e == nil {
 			r.addStray(p, q.name, name, touched)
 			continue
@@ -173,10 +218,12 @@ func (r *reconciler) stateDir(q *queue, st queuecore.State) error {
 				continue // moved aside: e is missing
 			}
 		}
-		delete(want, name)
-	}
-	for _, e := range want {
-		r.missing = append(r.missing, e)
+		if fromSpill {
+			x := int(e.slot - 1)
+			seen[x/64] |= 1 << (x % 64)
+		} else {
+			delete(want, name)
+		}
 	}
 	return nil
 }
@@ -326,7 +373,7 @@ func (r *reconciler) resolve() error {
 		}
 		// A file the journal touched, or the body of a deleted message, is
 		// explained; a file nothing explains is kept for the operator.
-		if x.touched || x.ownerOK && s.ix.byID[x.owner] == nil {
+		if x.touched || x.ownerOK && s.ix.lacks(x.owner) {
 			s.dirty.dir(filepath.Dir(x.path))
 			if err := os.Remove(x.path); err != nil && !errors.Is(err, os.ErrNotExist) {
 				return err

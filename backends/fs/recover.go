@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"os"
 	"path/filepath"
 
@@ -18,7 +19,7 @@ type replayState struct {
 	tornTails     int
 	files         []*os.File          // the journals, for reading bodies
 	bodies        map[uint64]bodyRef  // bodies of live messages inserted by replayed records
-	touched       map[string]bool     // body paths replayed records wrote, moved or removed
+	touched       map[uint64]bool     // hashes (pathHash) of body paths replayed records wrote, moved or removed
 	history       map[uint64][]string // earlier paths of messages that replayed records moved
 	deletedQueues map[string]bool     // queues a replayed record deleted
 }
@@ -47,13 +48,18 @@ func (rs *replayState) read(ref bodyRef) ([]byte, error) {
 
 // isTouched says whether the replayed records could have changed path.
 func (rs *replayState) isTouched(queue, path string) bool {
-	return rs.touched[path] || rs.deletedQueues[queue]
+	return rs.touched[pathHash(path)] || rs.deletedQueues[queue]
 }
 
 // recover loads the store at Open: snapshot, journals, reconciliation, and
 // a checkpoint if anything was replayed or repaired.
 func (s *Store) recover(ctx context.Context) error {
 	if err := os.MkdirAll(s.qdir, 0o700); err != nil {
+		return err
+	}
+	// Spill files are a cache of what the snapshot and journal hold: the
+	// load below writes them again.
+	if err := os.RemoveAll(filepath.Join(s.dir, spillDir)); err != nil {
 		return err
 	}
 	if err := os.Remove(filepath.Join(s.dir, tempPrefix+snapshotName)); err == nil {
@@ -64,11 +70,11 @@ func (s *Store) recover(ctx context.Context) error {
 		return err
 	}
 	s.lsn = snap.lsn
-	s.ckptAt = max(s.cfg.checkpointBytes, snap.size)
+	s.ckptAt = s.checkpointAt(snap.size)
 
 	rs := &replayState{
 		bodies:        map[uint64]bodyRef{},
-		touched:       map[string]bool{},
+		touched:       map[uint64]bool{},
 		history:       map[uint64][]string{},
 		deletedQueues: map[string]bool{},
 	}
@@ -187,6 +193,9 @@ func (s *Store) replayRecord(rec *record, rs *replayState, file int, off int64) 
 				return true
 			})
 		}
+		if err := q.spill.each(q, func(e *entry) { delete(rs.bodies, e.id) }); err != nil {
+			s.log.Error("read spill of a deleted queue", logErr, err)
+		}
 		s.ix.deleteQueue(q)
 		rs.deletedQueues[q.name] = true
 	default:
@@ -201,11 +210,11 @@ func (s *Store) replayRecord(rec *record, rs *replayState, file int, off int64) 
 			var oldPath, newPath string
 			if c.old != nil {
 				oldPath = s.entryPath(c.old)
-				rs.touched[oldPath] = true
+				rs.touched[pathHash(oldPath)] = true
 			}
 			if c.new != nil {
 				newPath = s.entryPath(c.new)
-				rs.touched[newPath] = true
+				rs.touched[pathHash(newPath)] = true
 			}
 			switch {
 			case c.old == nil:
@@ -219,3 +228,12 @@ func (s *Store) replayRecord(rec *record, rs *replayState, file int, off int64) 
 		}
 	}
 }
+
+// pathSeed keys pathHash for the life of the process.
+var pathSeed = maphash.MakeSeed()
+
+// pathHash keys the replay's set of touched paths by a 64-bit hash rather
+// than the path (8 bytes, not a string, per record replayed). A collision
+// (odds about n²/2⁶⁵) only makes the repair look closely at a path that
+// needed no look, or remove an unexplained file instead of keeping it.
+func pathHash(p string) uint64 { return maphash.String(pathSeed, p) }

@@ -35,7 +35,19 @@ type snapshotImage struct {
 	maxID  uint64
 	queues []queuecore.QueueInfo
 	trees  []*btree.BTreeG[*entry]
+	spills []*spillView // per tree: the queue's spill, merged with its ready tree; mostly nil
+	spillQ []*queue
 	count  int
+}
+
+// release lets go of the image's spill files.
+func (img *snapshotImage) release() {
+	for i, v := range img.spills {
+		if v != nil {
+			v.sp.release()
+			img.spills[i] = nil
+		}
+	}
 }
 
 // imageLocked takes an image of the index; the caller holds the write lock
@@ -46,10 +58,16 @@ func (s *Store) imageLocked() *snapshotImage {
 		img.queues = append(img.queues, q.info)
 		for _, st := range queuecore.States {
 			t := q.byState[st]
-			if t.Len() == 0 {
+			var v *spillView
+			if st == queuecore.StateReady && q.spill != nil {
+				v = q.spill.view(true)
+				img.count += q.spill.live
+			} else if t.Len() == 0 {
 				continue
 			}
 			img.trees = append(img.trees, t.Clone())
+			img.spills = append(img.spills, v)
+			img.spillQ = append(img.spillQ, q)
 			img.count += t.Len()
 		}
 	}
@@ -86,8 +104,8 @@ func writeSnapshot(dir string, img *snapshotImage, sync bool) (int64, error) {
 			b = b[:0]
 		}
 		flush()
-		for _, t := range img.trees {
-			t.Ascend(func(e *entry) bool {
+		for i, t := range img.trees {
+			write := func(e *entry) bool {
 				m := e.message()
 				b = appendMessageJSON(b, &m)
 				b = append(b, '\n')
@@ -95,7 +113,20 @@ func writeSnapshot(dir string, img *snapshotImage, sync bool) (int64, error) {
 					flush()
 				}
 				return werr == nil
-			})
+			}
+			v := img.spills[i]
+			if v == nil {
+				t.Ascend(write)
+				continue
+			}
+			q := img.spillQ[i]
+			err := mergeSpill(t, v, func(b int) ([]*entry, bool, error) {
+				es, err := v.block(q, b, v.copiedGone)
+				return es, true, err
+			}, write)
+			if err != nil {
+				return err
+			}
 		}
 		flush()
 		if werr != nil {

@@ -62,6 +62,7 @@ var errBadOp = errors.New("invalid op")
 // config holds what tests tune.
 type config struct {
 	checkpointBytes int64
+	spillAt         int                // ready messages per queue before newer ones spill; 0: defaultSpillAt, <0: never
 	fdatasync       func(fd int) error // nil: unix.Fdatasync; tests make it fail
 }
 
@@ -126,6 +127,22 @@ func Open(ctx context.Context, dir string, opts backends.Options) (*Store, error
 	return open(ctx, dir, opts, config{checkpointBytes: defaultCheckpointBytes})
 }
 
+// Tuning holds the fs store's own settings.
+type Tuning struct {
+	// SpillAt is the number of ready messages a queue keeps in memory
+	// before newer ones go to its spill file (0: DefaultSpillAt; negative:
+	// never spill, every message stays in memory).
+	SpillAt int
+}
+
+// DefaultSpillAt is Tuning.SpillAt's default.
+const DefaultSpillAt = defaultSpillAt
+
+// OpenTuned is Open with Tuning.
+func OpenTuned(ctx context.Context, dir string, opts backends.Options, t Tuning) (*Store, error) {
+	return open(ctx, dir, opts, config{checkpointBytes: defaultCheckpointBytes, spillAt: t.SpillAt})
+}
+
 func open(ctx context.Context, dir string, opts backends.Options, cfg config) (*Store, error) {
 	switch opts.Sync {
 	case queuecore.SyncFull, queuecore.SyncNormal, queuecore.SyncOff:
@@ -149,6 +166,14 @@ func open(ctx context.Context, dir string, opts backends.Options, cfg config) (*
 		progress:  make(chan struct{}),
 		ckptAt:    cfg.checkpointBytes,
 	}
+	s.ix.spillAt = cfg.spillAt
+	if s.ix.spillAt == 0 {
+		s.ix.spillAt = defaultSpillAt
+	}
+	s.ix.spillKeep = spillKeepFor(s.ix.spillAt)
+	s.ix.spillBatch = spillBatchFor(s.ix.spillKeep)
+	s.ix.spillDir = filepath.Join(dir, spillDir)
+	s.ix.spillLog = func(msg string, err error) { s.log.Warn(msg, logErr, err) }
 	if err := s.recover(ctx); err != nil {
 		if j := s.cur.Load(); j != nil {
 			j.f.Close()
@@ -195,6 +220,7 @@ func (s *Store) Close() error {
 	s.mu.RUnlock()
 	if held != nil {
 		_ = held.old.f.Close()
+		held.img.release()
 	}
 	s.trashWG.Wait()
 	if j := s.cur.Load(); j != nil {
@@ -256,7 +282,11 @@ func (s *Store) Lookup(ctx context.Context, queue, name string, archived bool) (
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if q := s.ix.queues[queue]; q != nil {
-		if e := q.named(name, archived); e != nil {
+		e, err := q.named(name, archived)
+		if err != nil {
+			return queuecore.Message{}, fmt.Errorf("message %q in queue %q: %w", name, queue, err)
+		}
+		if e != nil {
 			return e.message(), nil
 		}
 	}
@@ -278,6 +308,10 @@ func (s *Store) List(ctx context.Context, queue string, state queuecore.State, f
 	if q == nil {
 		s.mu.RUnlock()
 		return fmt.Errorf("list queue %q: %w", queue, queuecore.ErrNotFound)
+	}
+	if state == queuecore.StateReady && q.spill != nil {
+		s.mu.RUnlock()
+		return s.listSpilled(ctx, queue, fn)
 	}
 	t := q.byState[state]
 	if t.Len() <= smallList {
@@ -368,7 +402,12 @@ func (s *Store) Body(ctx context.Context, id uint64) ([]byte, error) {
 	for {
 		s.fileMu.RLock()
 		s.mu.RLock()
-		e := s.ix.byID[id]
+		e, err := s.ix.get(id)
+		if err != nil {
+			s.mu.RUnlock()
+			s.fileMu.RUnlock()
+			return nil, fmt.Errorf("body of message %d: %w", id, err)
+		}
 		if e == nil {
 			s.mu.RUnlock()
 			s.fileMu.RUnlock()

@@ -31,6 +31,10 @@ func defaultStore() string {
 	return "yirangmq-store"
 }
 
+// fsSpillAt is --fs-spill-at: ready messages per queue that the fs store
+// keeps in memory before newer ones go to its spill file.
+var fsSpillAt = fs.DefaultSpillAt
+
 // openStore opens the store of a backend; this is the one place where the
 // command line meets the backends.
 func openStore(ctx context.Context, backend, dir string, sync queuecore.SyncMode, holder string, log *slog.Logger) (queuecore.Store, error) {
@@ -39,7 +43,7 @@ func openStore(ctx context.Context, backend, dir string, sync queuecore.SyncMode
 	case "sqlite":
 		return sqlite.Open(ctx, dir, opts)
 	case "fs":
-		return fs.Open(ctx, dir, opts)
+		return fs.OpenTuned(ctx, dir, opts, fs.Tuning{SpillAt: fsSpillAt})
 	case "postgres":
 		if !isPostgresURL(dir) {
 			return nil, fmt.Errorf("--backend postgres needs --store postgres://USER@HOST/DB (or a key=value connection string), not %q", dir)

@@ -57,6 +57,8 @@ type Options struct {
 	// small, so that the pruner asks the kernel to forget inodes all the
 	// time and is killed in the middle of it too.
 	MaxMessageInodes int
+	// DaemonArgs are more flags for the daemons (e.g. --fs-spill-at).
+	DaemonArgs []string
 }
 
 func (o *Options) defaults() {
@@ -179,7 +181,7 @@ func Run(t *testing.T, opts Options) *Result {
 	daemons := make([]*testenv.Daemon, opts.Daemons)
 	for i := range daemons {
 		daemons[i] = testenv.StartDaemon(t, testenv.DaemonOptions{Backend: opts.Backend, Sync: opts.Sync, Store: opts.Store,
-			Args: []string{"--max-message-inodes", strconv.Itoa(opts.MaxMessageInodes)}})
+			Args: append([]string{"--max-message-inodes", strconv.Itoa(opts.MaxMessageInodes)}, opts.DaemonArgs...)})
 	}
 	d := daemons[0]
 	qdir := d.Path(QueueName)

@@ -24,6 +24,7 @@ var (
 	flagSeed      = flag.Uint64("seed", 0, "random seed (0: from the clock)")
 	flagStores    = flag.String("stores", "sqlite,fs", "stores to torture, comma-separated")
 	flagSyncs     = flag.String("syncs", "full,normal", "sync modes to torture, comma-separated")
+	flagFSSpillAt = flag.Int("fs-spill-at", 0, "the fs store's --fs-spill-at (0: its default); a small one makes most of the backlog spill")
 	flagKeep      = flag.Bool("keep", false, "keep the history and final state of every run, not only of failed ones")
 	flagDuration  = flag.Duration("duration", 0, "keep killing for this long per store and sync mode instead of stopping after -kills (make torture DURATION=30m)")
 )
@@ -76,6 +77,9 @@ func TestKillNineTorture(t *testing.T) {
 				opts := Options{
 					Backend: store, Sync: sync, Kills: *flagKills, KeepDir: keepDir,
 					Producers: *flagProducers, Consumers: *flagConsumers, Seed: *flagSeed,
+				}
+				if store == "fs" && *flagFSSpillAt != 0 {
+					opts.DaemonArgs = []string{"--fs-spill-at", strconv.Itoa(*flagFSSpillAt)}
 				}
 				if *flagDuration > 0 {
 					// A long run builds a backlog whenever consumers fall
