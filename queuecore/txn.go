@@ -75,6 +75,7 @@ type batch struct {
 	deadline  time.Time // earliest lease deadline or due time set; zero if none
 	kick      bool      // the scheduler must look again (retention)
 	committed bool      // the store has it; its events may be announced
+	redeliver bool      // undone by a power cut, it only means a redelivery (a lease, an ack): Op.NoSync
 	touched   []touch   // live names written, for the name cache
 }
 
@@ -157,6 +158,14 @@ func (b *batch) inserts() bool {
 func (c *Core) commit(ctx context.Context, b *batch) error {
 	if len(b.ops) == 0 {
 		return nil
+	}
+	if b.redeliver && !b.inserts() {
+		// A lease or an ack (with the archive entry it replaces): a
+		// power cut that undoes it delivers the message again, which
+		// at-least-once allows. A forward's copy is a publish: it waits.
+		for i := range b.ops {
+			b.ops[i].NoSync = true
+		}
 	}
 	err := c.store.Apply(context.WithoutCancel(ctx), b.ops)
 	if err != nil && c.space != nil && !b.inserts() && c.space.relieve(ctx, err) {
