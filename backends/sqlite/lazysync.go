@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -30,15 +31,17 @@ import (
 // Checkpoints sync the WAL and the database file as in FULL. SyncStrict
 // keeps SQLite's FULL: every commit syncs inside COMMIT.
 type lazySync struct {
-	mu     sync.Mutex
-	wal    string // path of the WAL file
-	dirty  bool   // a NORMAL commit since the last sync that covers it
-	armed  bool   // timer runs
+	wal     string // path of the WAL file
+	onErr   func(error)
+	written atomic.Uint64 // commits so far, counted by their leader
+
+	mu     sync.Mutex // guards the timer:
+	armed  bool
 	timer  *time.Timer
 	closed bool
-	onErr  func(error)
 
 	syncMu  sync.Mutex // held by a sync of the file, and guards:
+	synced  uint64     // commits covered by the last sync
 	f       *os.File   // the WAL, opened at the first sync
 	dirDone bool       // the store directory was synced once (the WAL's name)
 }
@@ -54,57 +57,61 @@ func groupWaits(mode queuecore.SyncMode, group []*batch) bool {
 	return false
 }
 
-// committed is told of a group that was not synced (synced false); it
-// arms the timer. committed(true) forgets what an fdatasync covered.
-func (l *lazySync) committed(synced bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if synced {
-		l.dirty = false
-		return
+// committed counts a commit; its leader calls it before handing the
+// writer on, so the count follows the order of the frames in the WAL.
+// A commit that need not wait arms the timer.
+func (l *lazySync) committed(wait bool) uint64 {
+	seq := l.written.Add(1)
+	if !wait {
+		l.mu.Lock()
+		if !l.armed && !l.closed {
+			l.armed = true
+			if l.timer == nil {
+				l.timer = time.AfterFunc(queuecore.SyncDelay, l.fire)
+			} else {
+				l.timer.Reset(queuecore.SyncDelay)
+			}
+		}
+		l.mu.Unlock()
 	}
-	l.dirty = true
-	if l.armed || l.closed {
-		return
-	}
-	l.armed = true
-	if l.timer == nil {
-		l.timer = time.AfterFunc(queuecore.SyncDelay, l.fire)
-	} else {
-		l.timer.Reset(queuecore.SyncDelay)
-	}
+	return seq
 }
 
-// syncNow syncs the WAL before a durable group returns.
-func (l *lazySync) syncNow() error {
-	l.mu.Lock()
-	l.dirty = false
-	l.mu.Unlock()
+// sync returns once commit seq is on stable storage. Group commit: a sync
+// covers every commit counted before it starts, so the callers queued
+// behind one find theirs covered and return without a sync of their own.
+func (l *lazySync) sync(seq uint64) error {
 	l.syncMu.Lock()
-	err := l.syncFile()
-	l.syncMu.Unlock()
-	if err != nil {
-		l.committed(false) // what it did not cover is still to sync
+	defer l.syncMu.Unlock()
+	if l.synced >= seq {
+		return nil
 	}
-	return err
+	target := l.written.Load()
+	if err := l.syncFile(); err != nil {
+		return err
+	}
+	l.synced = target
+	return nil
 }
 
-// fire syncs the WAL if a NORMAL commit is not covered yet. The sync runs
-// outside mu, so that a commit ending meanwhile does not wait for it: it
-// marks the WAL dirty again and re-arms the timer.
+// unsynced reports whether a counted commit is not covered by a sync.
+func (l *lazySync) unsynced() bool {
+	l.syncMu.Lock()
+	defer l.syncMu.Unlock()
+	return l.synced < l.written.Load()
+}
+
+// fire is the timer's: it syncs what the leases and acks since it was
+// armed wrote, unless a durable commit did already.
 func (l *lazySync) fire() {
 	l.mu.Lock()
 	l.armed = false
-	if !l.dirty || l.closed {
-		l.mu.Unlock()
+	closed := l.closed
+	l.mu.Unlock()
+	if closed {
 		return
 	}
-	l.dirty = false
-	l.mu.Unlock()
-	l.syncMu.Lock()
-	err := l.syncFile()
-	l.syncMu.Unlock()
-	if err != nil {
+	if err := l.sync(l.written.Load()); err != nil {
 		l.committed(false) // try again later
 		if l.onErr != nil {
 			l.onErr(err)
@@ -126,8 +133,7 @@ func (l *lazySync) syncFile() error {
 	}
 	if !l.dirDone {
 		// SQLite syncs the directory at the first FULL sync of a new WAL;
-		// a store that has only leased and acked since it opened has had
-		// none.
+		// this store's syncs are its own.
 		d, err := os.Open(filepath.Dir(l.wal))
 		if err != nil {
 			return err
@@ -150,15 +156,10 @@ func (l *lazySync) close() error {
 	if l.timer != nil {
 		l.timer.Stop()
 	}
-	dirty := l.dirty
-	l.dirty = false
 	l.mu.Unlock()
+	err := l.sync(l.written.Load())
 	l.syncMu.Lock()
 	defer l.syncMu.Unlock()
-	var err error
-	if dirty {
-		err = l.syncFile()
-	}
 	if l.f != nil {
 		l.f.Close()
 		l.f = nil

@@ -14,11 +14,7 @@ import (
 // before. In SyncStrict nothing is left unsynced.
 func TestLazySync(t *testing.T) {
 	ctx := context.Background()
-	dirty := func(s *Store) bool {
-		s.lazy.mu.Lock()
-		defer s.lazy.mu.Unlock()
-		return s.lazy.dirty
-	}
+	dirty := func(s *Store) bool { return s.lazy.unsynced() }
 	lease := func(id uint64, name string) []queuecore.Op {
 		m := message(id, "q", name)
 		m.State, m.Deadline = queuecore.StateLeased, m.StateAt.Add(time.Minute)

@@ -68,10 +68,11 @@ func (s *Store) write(b *batch) error {
 
 	s.w.commitGroup(group)
 	if s.sync == queuecore.SyncFull {
-		if groupWaits(s.sync, group) {
-			return s.syncGroup(b, group)
+		wait := groupWaits(s.sync, group)
+		seq := s.lazy.committed(wait) // leases and acks alone need not wait (lazysync.go)
+		if wait {
+			return s.syncGroup(b, group, seq)
 		}
-		s.lazy.committed(false) // leases and acks alone (lazysync.go)
 	}
 
 	s.groupMu.Lock()
@@ -91,13 +92,14 @@ func (s *Store) write(b *batch) error {
 // syncGroup finishes the commit of a group that must be durable in
 // SyncFull: it hands the writer on first, so that the next group is
 // written while this one's fdatasync of the WAL runs (which covers every
-// frame written before it), then wakes the group's callers.
-func (s *Store) syncGroup(b *batch, group []*batch) error {
+// frame written before it, and so the groups committed while it waited
+// for an earlier sync to end), then wakes the group's callers.
+func (s *Store) syncGroup(b *batch, group []*batch, seq uint64) error {
 	s.groupMu.Lock()
 	s.spare = nil // group stays ours until its callers are woken
 	s.handOff()
 	s.groupMu.Unlock()
-	if err := s.lazy.syncNow(); err != nil {
+	if err := s.lazy.sync(seq); err != nil {
 		failAll(group, fmt.Errorf("sync WAL: %w", err))
 	}
 	s.groupMu.Lock()
