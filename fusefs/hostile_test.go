@@ -769,8 +769,15 @@ func checkNothingOutside(t *testing.T, d *testenv.Daemon) {
 		}
 		wantNames(t, "store queues/"+q, sorted(ls(t, filepath.Join(d.Store, "queues", q))), sorted(allDirs)...)
 		for _, dir := range allDirs {
-			onDisk := sorted(ls(t, filepath.Join(d.Store, "queues", q, dir)))
-			if listed := sorted(ls(t, filepath.Join(mq, dir))); !sameSet(onDisk, listed) {
+			// In --sync full a lease's or an ack's file moves with the sync
+			// that makes it durable, within queuecore.SyncDelay.
+			var onDisk, listed []string
+			testenv.RetryUntil(10*queuecore.SyncDelay, func() bool {
+				onDisk = sorted(ls(t, filepath.Join(d.Store, "queues", q, dir)))
+				listed = sorted(ls(t, filepath.Join(mq, dir)))
+				return sameSet(onDisk, listed)
+			})
+			if !sameSet(onDisk, listed) {
 				t.Errorf("fs store queues/%s/%s holds %q, the mount lists %q", q, dir, onDisk, listed)
 			}
 		}

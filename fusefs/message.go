@@ -135,7 +135,62 @@ func leaserUID(m queuecore.Message) (uint32, bool) {
 var _ = (fs.NodeGetattrer)((*msgNode)(nil))
 
 func (n *msgNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	if fh == nil {
+		// By name: the name the kernel kept may no longer be this file's.
+		if n.refused() {
+			return syscall.ESTALE
+		}
+		if !n.isPending() {
+			m, errno := n.here(ctx)
+			if errno != 0 {
+				return errno
+			}
+			fillMessage(&out.Attr, m)
+			return 0
+		}
+	}
+	if n.isPending() {
+		out.SetTimeout(uncachedEntry) // see uncachedCreates
+	}
 	return n.fillAttr(ctx, &out.Attr)
+}
+
+func (n *msgNode) isPending() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.pend != nil
+}
+
+// refused reports whether this node is a file whose commit published
+// nothing (refused, or dropped as a duplicate).
+func (n *msgNode) refused() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.pend != nil && n.pend.done
+}
+
+// here returns the committed message this node stands for, or ESTALE when
+// the kernel reached it through a name it kept from before the message
+// moved away or ended (the daemon never tells the kernel, see
+// Options.EntryTimeout): the message is no longer in the directory that
+// holds the kernel's name. On ESTALE from a GETATTR or an OPEN the kernel
+// looks the name up again and retries once, so the caller gets what is
+// there now (ENOENT, or the message that holds the name now), never a
+// message from another directory.
+func (n *msgNode) here(ctx context.Context) (queuecore.Message, syscall.Errno) {
+	m, err := n.current(ctx)
+	if errors.Is(err, queuecore.ErrNotFound) {
+		return m, syscall.ESTALE
+	}
+	if err != nil {
+		return m, errnoOf(err)
+	}
+	if _, parent := n.Parent(); parent != nil {
+		if d, ok := parent.Operations().(*stateDir); ok && (d.state != m.State || d.queue != m.Queue) {
+			return m, syscall.ESTALE
+		}
+	}
+	return m, 0
 }
 
 var _ = (fs.NodeOpener)((*msgNode)(nil))
@@ -146,8 +201,16 @@ func (n *msgNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32
 	n.mu.Lock()
 	p := n.pend
 	name := n.name
+	refused := p != nil && p.done
 	n.mu.Unlock()
 	writing := flags&syscall.O_ACCMODE != syscall.O_RDONLY || flags&syscall.O_TRUNC != 0
+	if refused {
+		// A name the kernel kept from the CREATE reply of a publish that
+		// was refused or dropped: ESTALE makes the kernel look the name
+		// up again (ENOENT) and retry the open once, so open(O_CREAT)
+		// creates a new file, as it would have without the kept name.
+		return nil, 0, syscall.ESTALE
+	}
 	if p != nil {
 		if writing {
 			return nil, 0, syscall.EPERM // one writer per file being written: its creator
@@ -164,13 +227,13 @@ func (n *msgNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32
 		n.mu.Unlock()
 		return &readHandle{body: body, uid: uid, held: size}, fuse.FOPEN_DIRECT_IO, 0
 	}
+	m, errno := n.here(ctx) // ESTALE: `> inbox/X` after X was leased publishes a new X
+	if errno != 0 {
+		return nil, 0, errno
+	}
 	if writing {
 		n.fsys.log.Warn("open for writing refused: committed messages are immutable", logQueue, n.queue, logName, name)
 		return nil, 0, syscall.EPERM
-	}
-	m, err := n.current(ctx)
-	if err != nil {
-		return nil, 0, errnoOf(err)
 	}
 	body, err := n.fsys.core.Body(ctx, m)
 	if err != nil {
@@ -218,6 +281,7 @@ func (n *msgNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAtt
 			p.mtime = mtime
 		}
 		n.mu.Unlock()
+		out.SetTimeout(uncachedEntry) // see uncachedCreates
 		return n.fillAttr(ctx, &out.Attr)
 	}
 	name := n.name

@@ -98,15 +98,24 @@ func mountServer(mountpoint string, root fs.InodeEmbedder, mo fuse.MountOptions,
 	return &Server{Server: server, mountpoint: mountpoint}, nil
 }
 
-// uncachedCreates answers CREATE, and a LOOKUP that asks for it with
-// uncachedEntry, with an entry the kernel may not keep: whether
-// inbox/NAME still names a file being written once it is closed is
-// decided at its commit (it may wait in delayed/, be kept in dlq/, be dropped as
-// a duplicate or refused), and the daemon never tells the kernel
-// afterwards (see Options.EntryTimeout). With a timeout of 0 the next use
-// of the name asks us again, and the kernel drops the entry, and so its
-// inode, as soon as the file is closed instead of keeping one per
-// published message.
+// uncachedCreates answers a CREATE or a LOOKUP that asks for it with
+// uncachedEntry with an entry the kernel may not keep, and every CREATE
+// with attributes it may not keep.
+//
+// Where inbox/NAME ends up once its file is closed is decided at the
+// commit (it may wait in delayed/, be kept in dlq/, be dropped as a
+// duplicate or refused), and the daemon never tells the kernel afterwards
+// (see Options.EntryTimeout). Most land in inbox/ under their name, so the
+// CREATE of a message lets the kernel keep the name for the entry timeout:
+// the lease that follows (`mv inbox/NAME processing/`) then costs no
+// LOOKUP of its source. When the commit put it elsewhere or nowhere, the
+// kept name is checked like any name the kernel kept from a LOOKUP before
+// the message moved: a rename or an unlink names the message by its name
+// and state and gets ENOENT; a stat of a refused file gets ENOENT (its
+// attributes were not cached); an open gets ESTALE, after which the
+// kernel looks the name up again and retries, so that a new publish under
+// that name creates a new file. Drafts and editors' temporary files are
+// not published at their close: their names are not kept.
 type uncachedCreates struct{ fuse.RawFileSystem }
 
 // uncachedEntry is the entry timeout a Lookup sets to be answered with 0
@@ -118,13 +127,38 @@ func (u uncachedCreates) Lookup(cancel <-chan struct{}, h *fuse.InHeader, name s
 	if st == fuse.OK && out.EntryValid == 0 && out.EntryValidNsec == uint32(uncachedEntry) {
 		out.EntryValidNsec = 0
 	}
+	if st == fuse.OK && out.AttrValid == 0 && out.AttrValidNsec == uint32(uncachedEntry) {
+		out.AttrValidNsec = 0
+	}
+	return st
+}
+
+// GetAttr and SetAttr answer attributes that ask for it with uncachedEntry
+// (a file being written: its size changes, and where it will be is
+// decided at its commit) with a validity of 0.
+func (u uncachedCreates) GetAttr(cancel <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) fuse.Status {
+	st := u.RawFileSystem.GetAttr(cancel, in, out)
+	if st == fuse.OK && out.AttrValid == 0 && out.AttrValidNsec == uint32(uncachedEntry) {
+		out.AttrValidNsec = 0
+	}
+	return st
+}
+
+func (u uncachedCreates) SetAttr(cancel <-chan struct{}, in *fuse.SetAttrIn, out *fuse.AttrOut) fuse.Status {
+	st := u.RawFileSystem.SetAttr(cancel, in, out)
+	if st == fuse.OK && out.AttrValid == 0 && out.AttrValidNsec == uint32(uncachedEntry) {
+		out.AttrValidNsec = 0
+	}
 	return st
 }
 
 func (u uncachedCreates) Create(cancel <-chan struct{}, in *fuse.CreateIn, name string, out *fuse.CreateOut) fuse.Status {
 	st := u.RawFileSystem.Create(cancel, in, name, out)
 	if st == fuse.OK {
-		out.EntryValid, out.EntryValidNsec = 0, 0
+		if out.EntryValid == 0 && out.EntryValidNsec == uint32(uncachedEntry) {
+			out.EntryValidNsec = 0
+		}
+		out.AttrValid, out.AttrValidNsec = 0, 0
 	}
 	return st
 }

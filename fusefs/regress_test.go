@@ -37,3 +37,37 @@ func TestNextLeaseAckWithStaleNegativeEntry(t *testing.T) {
 		`)
 	})
 }
+
+// The kernel keeps the name a CREATE made (the lease that follows needs no
+// LOOKUP of its source), and is not told when the commit puts the message
+// elsewhere or nowhere: the kept name must then answer as a fresh lookup
+// would, never with a message from another directory, and a new publish
+// under it must work at once.
+func TestKeptCreateName(t *testing.T) {
+	eachBackend(t, testenv.DaemonOptions{Sync: "normal", Args: []string{"--cache-timeout", "60s"}}, func(t *testing.T, d *testenv.Daemon) {
+		q := mkq(t, d, "q", `{"maxMessageBytes": 4}`)
+		testenv.MustSh(t, q, `
+			# refused at its commit (EFBIG): nothing under that name
+			if echo toolong > inbox/A; then exit 1; fi
+			test ! -e inbox/A
+			if cat inbox/A 2>/dev/null; then exit 2; fi
+			test -z "$(ls inbox)"
+			# published again under the same name at once
+			echo ok > inbox/A
+			test "$(cat inbox/A)" = ok
+			# leased and acked behind the kernel's back, then published again
+			m=$(cat .next)
+			test "$m" = processing/A
+			rm "$m"
+			test ! -e inbox/A
+			echo no > inbox/A
+			test "$(cat inbox/A)" = no
+			# the usual lease of a kept name, and its ack
+			mv inbox/A processing/
+			test "$(cat processing/A)" = no
+			test ! -e inbox/A
+			rm processing/A
+			test ! -e processing/A
+		`)
+	})
+}

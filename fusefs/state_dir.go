@@ -45,6 +45,7 @@ func (d *stateDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 		if p := d.fsys.pendingFile(d.queue, name); p != nil {
 			p.fillAttr(ctx, &out.Attr)
 			out.SetEntryTimeout(uncachedEntry) // what it names is decided at its commit
+			out.SetAttrTimeout(uncachedEntry)
 			return &p.Inode, 0
 		}
 	}
@@ -146,6 +147,11 @@ func (d *stateDir) Create(ctx context.Context, name string, flags uint32, mode u
 	d.fsys.placements.created(n.id)
 	d.fsys.mu.Unlock()
 	n.fillAttr(ctx, &out.Attr)
+	if draft || n.pend.editorTemp {
+		// A draft or an editor's temporary file is not published at its
+		// close: the kernel must not keep the name (mount.go).
+		out.SetEntryTimeout(uncachedEntry)
+	}
 	ino := d.NewInode(ctx, n, fs.StableAttr{Mode: syscall.S_IFREG, Ino: msgIno(n.id)})
 	d.fsys.track(n)
 	return ino, &writeHandle{}, fuse.FOPEN_DIRECT_IO, 0

@@ -28,6 +28,7 @@ func (c *Core) leaseOps(q *queue, m Message, p *Policy, now time.Time, consumer 
 		m.Reason, m.ReasonMessage = "", ""
 	}
 	b.update(q, old, m)
+	b.redeliver = true
 	b.count(func(now time.Time) {
 		q.counters.leased.Add(1)
 		q.mu.Lock()
@@ -212,6 +213,7 @@ func (c *Core) ackOps(ctx context.Context, q *queue, m Message, p *Policy, now t
 	} else {
 		b.remove(q, m)
 	}
+	b.redeliver = true
 	b.count(func(now time.Time) {
 		q.counters.acked.Add(1)
 		q.mu.Lock()

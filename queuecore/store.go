@@ -129,6 +129,15 @@ type Op struct {
 	// and OpDelete), so that a shared store can tell other daemons where
 	// it moved from.
 	From State
+	// NoSync marks an op that a power cut may undo without breaking the
+	// delivery promise: a lease or an ack, which, undone, only means the
+	// message is delivered again. In SyncFull, Apply of a batch whose ops
+	// all carry it may return once the batch is written to the operating
+	// system (it survives the process being killed) and before it is on
+	// stable storage; the store makes it durable within SyncDelay, or
+	// sooner with the next batch that does not carry it. SyncStrict and the
+	// other modes ignore it.
+	NoSync bool
 }
 
 // QueueInfo is a queue as the store keeps it.
@@ -152,7 +161,9 @@ type SyncMode uint8
 
 const (
 	// SyncFull: a commit is on stable storage before Apply returns;
-	// concurrent commits share one fsync (group commit).
+	// concurrent commits share one fsync (group commit). A batch whose
+	// ops are all NoSync (a lease, an ack) is exempt: it survives a crash
+	// of the process at once and a power cut after at most SyncDelay.
 	SyncFull SyncMode = iota
 	// SyncNormal: a commit survives a crash of the process (it has been
 	// written to the kernel) but not a power cut.
@@ -160,7 +171,34 @@ const (
 	// SyncOff: like SyncNormal for a process crash; the store may skip
 	// even the syncs it does in normal mode (checkpoints).
 	SyncOff
+	// SyncStrict: like SyncFull, NoSync batches too: every commit is on
+	// stable storage before Apply returns.
+	SyncStrict
 )
+
+// SyncDelay bounds how long a NoSync batch committed in SyncFull may stay
+// off stable storage.
+const SyncDelay = 100 * time.Millisecond
+
+// Durable reports whether a commit in mode m is on stable storage when
+// Apply returns (for a NoSync batch in SyncFull: within SyncDelay).
+func (m SyncMode) Durable() bool { return m == SyncFull || m == SyncStrict }
+
+// WaitsFor reports whether Apply in mode m waits for the batch ops to be
+// on stable storage before it returns.
+func WaitsFor(m SyncMode, ops []Op) bool {
+	switch m {
+	case SyncStrict:
+		return true
+	case SyncFull:
+		for i := range ops {
+			if !ops[i].NoSync {
+				return true
+			}
+		}
+	}
+	return false
+}
 
 func (m SyncMode) String() string {
 	switch m {
@@ -170,18 +208,20 @@ func (m SyncMode) String() string {
 		return "normal"
 	case SyncOff:
 		return "off"
+	case SyncStrict:
+		return "strict"
 	}
 	return "invalid"
 }
 
-// ParseSyncMode reads "full", "normal" or "off".
+// ParseSyncMode reads "strict", "full", "normal" or "off".
 func ParseSyncMode(s string) (SyncMode, error) {
-	for _, m := range []SyncMode{SyncFull, SyncNormal, SyncOff} {
+	for _, m := range []SyncMode{SyncStrict, SyncFull, SyncNormal, SyncOff} {
 		if m.String() == s {
 			return m, nil
 		}
 	}
-	return 0, &InputError{Field: "sync", Msg: "must be full, normal or off, not " + quote(s)}
+	return 0, &InputError{Field: "sync", Msg: "must be strict, full, normal or off, not " + quote(s)}
 }
 
 // Store keeps queues and messages durably. queuecore owns every rule about

@@ -75,6 +75,7 @@ type batch struct {
 	deadline  time.Time // earliest lease deadline or due time set; zero if none
 	kick      bool      // the scheduler must look again (retention)
 	committed bool      // the store has it; its events may be announced
+	redeliver bool      // undone by a power cut, it only means a redelivery (a lease, an ack): Op.NoSync
 	touched   []touch   // live names written, for the name cache
 }
 
@@ -160,6 +161,14 @@ func (c *Core) commit(ctx context.Context, b *batch) error {
 	}
 	c.gauges.committing(b.deltas)
 	defer c.gauges.done(b.deltas)
+	if b.redeliver && !b.inserts() {
+		// A lease or an ack (with the archive entry it replaces): a
+		// power cut that undoes it delivers the message again, which
+		// at-least-once allows. A forward's copy is a publish: it waits.
+		for i := range b.ops {
+			b.ops[i].NoSync = true
+		}
+	}
 	err := c.store.Apply(context.WithoutCancel(ctx), b.ops)
 	if err != nil && c.space != nil && !b.inserts() && c.space.relieve(ctx, err) {
 		// A drain (lease, ack, nack, delete) met a full disk: the

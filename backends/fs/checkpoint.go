@@ -143,7 +143,7 @@ func (s *Store) doCheckpoint(old *journal, img *snapshotImage) (count int, size 
 // to the group-commit leader.
 func (s *Store) rotateLocked(curPath, oldPath string, sync bool) (*journal, *snapshotImage, error) {
 	old := s.cur.Load()
-	if s.opts.Sync == queuecore.SyncFull {
+	if s.opts.Sync.Durable() {
 		if err := s.fdatasync(old.f); err != nil {
 			return nil, nil, fmt.Errorf("fdatasync journal: %w", err)
 		}

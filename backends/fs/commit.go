@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"yirangmq/queuecore"
 )
@@ -44,6 +45,9 @@ func (s *Store) Apply(ctx context.Context, ops []queuecore.Op) error {
 	s.lsn++
 	s.ix.noteIDs(changes)
 	fileOps := s.fileOpsFor(changes, ops, frame, bodyAt)
+	if !queuecore.WaitsFor(s.opts.Sync, ops) && s.opts.Sync == queuecore.SyncFull {
+		return s.commitLazyLocked(end, fileOps)
+	}
 	return s.commitLocked(end, fileOps)
 }
 
@@ -113,7 +117,7 @@ func (s *Store) commitLocked(end int64, fileOps []fileOp) error {
 	s.maybeCheckpointLocked()
 	s.mu.Unlock()
 
-	if s.opts.Sync == queuecore.SyncFull {
+	if s.opts.Sync.Durable() {
 		if err := s.waitDurable(end); err != nil {
 			return err
 		}
@@ -122,6 +126,66 @@ func (s *Store) commitLocked(end int64, fileOps []fileOp) error {
 		s.runFileOps(end)
 	}
 	return nil
+}
+
+// commitLazyLocked is commitLocked for a batch of queuecore.Op.NoSync ops
+// (a lease, an ack) in SyncFull: the record is written to the kernel, so
+// a killed process loses nothing, but Apply does not wait for its
+// fdatasync. The next commit that waits covers it (the journal is synced
+// up to its end); if none comes, a timer syncs it within
+// queuecore.SyncDelay. The file operations wait for the record to be
+// durable, as in commitLocked, and so run with that sync.
+func (s *Store) commitLazyLocked(end int64, fileOps []fileOp) error {
+	if len(fileOps) > 0 {
+		s.pending = append(s.pending, pendingRecord{end: end, ops: fileOps})
+	}
+	s.maybeCheckpointLocked()
+	s.armLazyLocked()
+	s.mu.Unlock()
+	return nil
+}
+
+// armLazyLocked starts the timer that syncs the journal, unless it runs.
+// mu is held.
+func (s *Store) armLazyLocked() {
+	if s.lazyArmed {
+		return
+	}
+	s.lazyArmed = true
+	if s.lazyTimer == nil {
+		s.lazyTimer = time.AfterFunc(queuecore.SyncDelay, s.syncLazy)
+	} else {
+		s.lazyTimer.Reset(queuecore.SyncDelay)
+	}
+}
+
+// syncLazy is the timer's: it syncs what the leases and acks since it
+// was armed wrote.
+func (s *Store) syncLazy() {
+	s.mu.Lock()
+	s.lazyArmed = false
+	s.mu.Unlock()
+	s.flushLazy()
+}
+
+// flushLazy makes every record written so far durable and runs the file
+// operations that waited for it: the timer's work, and what a read of a
+// body whose file is still to be moved does rather than wait for it.
+func (s *Store) flushLazy() {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return // Close syncs and checkpoints
+	}
+	s.inflight.Add(1)
+	defer s.inflight.Done()
+	end := s.written.Load()
+	s.mu.Unlock()
+	if err := s.waitDurable(end); err != nil {
+		s.log.Error("sync of the journal after leases and acks failed", "dir", s.dir, logErr, err)
+		return
+	}
+	s.runFileOps(end)
 }
 
 // appendLocked writes a framed record at the end of the journal with one
@@ -146,7 +210,7 @@ func (s *Store) appendLocked(frame []byte) (int64, error) {
 	s.sinceCkpt += int64(len(frame))
 	end := j.end()
 	s.written.Store(end)
-	if s.opts.Sync != queuecore.SyncFull {
+	if !s.opts.Sync.Durable() {
 		// In these modes a record is as durable as promised once written.
 		s.synced.Store(end)
 	}

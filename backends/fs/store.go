@@ -97,6 +97,8 @@ type Store struct {
 	ckptAt      int64 // sinceCkpt that triggers a checkpoint
 	ckptRunning bool
 	inflight    sync.WaitGroup // commits that have not returned
+	lazyArmed   bool           // lazyTimer runs (commitLazyLocked); under mu
+	lazyTimer   *time.Timer
 	// stalled is set while file operations wait for space (runFileOps);
 	// held is a checkpoint that rotated the journal but could not finish
 	// for lack of space: Reclaim finishes it (space.go).
@@ -145,7 +147,7 @@ func OpenTuned(ctx context.Context, dir string, opts backends.Options, t Tuning)
 
 func open(ctx context.Context, dir string, opts backends.Options, cfg config) (*Store, error) {
 	switch opts.Sync {
-	case queuecore.SyncFull, queuecore.SyncNormal, queuecore.SyncOff:
+	case queuecore.SyncFull, queuecore.SyncNormal, queuecore.SyncOff, queuecore.SyncStrict:
 	default:
 		return nil, fmt.Errorf("open fs store: sync mode %d: %w", opts.Sync, errBadOp)
 	}
@@ -186,6 +188,7 @@ func open(ctx context.Context, dir string, opts backends.Options, cfg config) (*
 
 // Close finishes pending commits, checkpoints and releases the lock.
 func (s *Store) Close() error {
+	s.flushLazy() // the leases and acks not synced yet, and their files
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -424,10 +427,17 @@ func (s *Store) Body(ctx context.Context, id uint64) ([]byte, error) {
 		}
 		if s.busy[id] > 0 {
 			failErr, ch := s.failErr, s.progress
+			lazy := s.synced.Load() < s.written.Load() && s.opts.Sync == queuecore.SyncFull
 			s.mu.RUnlock()
 			s.fileMu.RUnlock()
 			if failErr != nil {
 				return nil, fmt.Errorf("body of message %d: the store failed: %w", id, failErr)
+			}
+			if lazy {
+				// A lease or an ack not synced yet holds its file back
+				// (commitLazyLocked): sync now rather than wait for the timer.
+				s.flushLazy()
+				continue
 			}
 			select {
 			case <-ch:

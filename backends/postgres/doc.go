@@ -43,7 +43,8 @@
 //
 // # Sync modes
 //
-// SyncFull and SyncNormal run with synchronous_commit=on: a commit is on
+// SyncStrict, SyncFull and SyncNormal run with synchronous_commit=on (Op.NoSync
+// changes nothing here): a commit is on
 // the server's stable storage (and its synchronous standbys', if any)
 // before Apply returns. SyncOff runs with synchronous_commit=off: the
 // server acknowledges before its WAL flush, so a crash of the server (not

@@ -75,7 +75,8 @@ type Store struct {
 	readers   int
 
 	tuning tuning
-	anchor *anchor // vfs.go
+	anchor *anchor  // vfs.go
+	lazy   lazySync // SyncFull's leases and acks (lazysync.go)
 }
 
 // tuning holds what tests and benchmarks vary; Open uses the defaults.
@@ -130,6 +131,10 @@ func open(ctx context.Context, dir string, opts backends.Options, tun tuning) (*
 		tuning: tun,
 	}
 	s.writerFree = sync.NewCond(&s.groupMu)
+	s.lazy.wal = s.path + "-wal"
+	s.lazy.onErr = func(err error) {
+		s.log.Error("sync of the WAL after leases and acks failed; retried", logPath, s.path, "err", err)
+	}
 	if err := s.open(); err != nil {
 		s.closeConns()
 		lock.Unlock()
@@ -203,8 +208,10 @@ func (s *Store) connOpts(writer bool) connOptions {
 
 func syncPragma(m queuecore.SyncMode) (string, error) {
 	switch m {
-	case queuecore.SyncFull:
+	case queuecore.SyncStrict:
 		return "FULL", nil
+	case queuecore.SyncFull:
+		return "NORMAL", nil // and the store syncs the WAL (lazysync.go)
 	case queuecore.SyncNormal:
 		return "NORMAL", nil
 	case queuecore.SyncOff:
@@ -289,7 +296,7 @@ func (s *Store) Close() error {
 	s.closed = true
 	var errs []error
 	// Readers first: a checkpoint cannot truncate a WAL a reader still uses.
-	errs = append(errs, s.closeReaders())
+	errs = append(errs, s.closeReaders(), s.lazy.close())
 	if _, err := s.w.conn.Exec("PRAGMA wal_checkpoint(TRUNCATE)", nil); err != nil {
 		errs = append(errs, fmt.Errorf("checkpoint: %w", err))
 	}

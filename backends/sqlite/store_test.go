@@ -104,8 +104,8 @@ func waitPending(t *testing.T, s *Store, n int) {
 func TestPragmas(t *testing.T) {
 	for _, c := range []struct {
 		mode queuecore.SyncMode
-		want int64 // PRAGMA synchronous: 0 OFF, 1 NORMAL, 2 FULL
-	}{{queuecore.SyncFull, 2}, {queuecore.SyncNormal, 1}, {queuecore.SyncOff, 0}} {
+		want int64 // PRAGMA synchronous: 0 OFF, 1 NORMAL, 2 FULL (SyncFull syncs the WAL itself: lazysync.go)
+	}{{queuecore.SyncStrict, 2}, {queuecore.SyncFull, 1}, {queuecore.SyncNormal, 1}, {queuecore.SyncOff, 0}} {
 		t.Run(c.mode.String(), func(t *testing.T) {
 			s := newTestStore(t, c.mode)
 			onWriter(s, func(w *writer) {

@@ -67,6 +67,13 @@ func (s *Store) write(b *batch) error {
 	s.groupMu.Unlock()
 
 	s.w.commitGroup(group)
+	if s.sync == queuecore.SyncFull {
+		wait := groupWaits(s.sync, group)
+		seq := s.lazy.committed(wait) // leases and acks alone need not wait (lazysync.go)
+		if wait {
+			return s.syncGroup(b, group, seq)
+		}
+	}
 
 	s.groupMu.Lock()
 	for _, g := range group {
@@ -78,6 +85,30 @@ func (s *Store) write(b *batch) error {
 	clear(group) // let the callers' ops go
 	s.spare = group[:0]
 	s.handOff()
+	s.groupMu.Unlock()
+	return withErrno(b.err)
+}
+
+// syncGroup finishes the commit of a group that must be durable in
+// SyncFull: it hands the writer on first, so that the next group is
+// written while this one's fdatasync of the WAL runs (which covers every
+// frame written before it, and so the groups committed while it waited
+// for an earlier sync to end), then wakes the group's callers.
+func (s *Store) syncGroup(b *batch, group []*batch, seq uint64) error {
+	s.groupMu.Lock()
+	s.spare = nil // group stays ours until its callers are woken
+	s.handOff()
+	s.groupMu.Unlock()
+	if err := s.lazy.sync(seq); err != nil {
+		failAll(group, fmt.Errorf("sync WAL: %w", err))
+	}
+	s.groupMu.Lock()
+	for _, g := range group {
+		g.done = true
+		if g != b {
+			g.wake <- struct{}{}
+		}
+	}
 	s.groupMu.Unlock()
 	return withErrno(b.err)
 }

@@ -1,0 +1,73 @@
+package fs
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"yirangmq/queuecore"
+)
+
+// TestLazySync: in SyncFull a NoSync batch (a lease, an ack) returns before
+// its journal record is synced, and the timer syncs it, and moves its
+// file, within queuecore.SyncDelay; a read of its body does not wait for
+// the timer. A publish syncs at once. SyncStrict syncs the lease too.
+func TestLazySync(t *testing.T) {
+	ctx := context.Background()
+	for _, mode := range []queuecore.SyncMode{queuecore.SyncFull, queuecore.SyncStrict} {
+		t.Run(mode.String(), func(t *testing.T) {
+			s := openTest(t, t.TempDir(), mode, config{}, nil)
+			mustPutQueues(t, s, "q")
+			unsynced := func() bool { return s.synced.Load() < s.written.Load() }
+			m := tmsg(1, "q", "a", queuecore.StateReady)
+			mustApply(t, s, tins(m))
+			if unsynced() {
+				t.Fatal("a publish returned before its record was synced")
+			}
+			leased := m
+			leased.State, leased.Deadline = queuecore.StateLeased, m.StateAt.Add(time.Minute)
+			op := tupd(leased)
+			op.NoSync = true
+			start := time.Now()
+			mustApply(t, s, op)
+			if mode == queuecore.SyncStrict {
+				if unsynced() {
+					t.Fatal("SyncStrict returned a lease before its record was synced")
+				}
+				return
+			}
+			if !unsynced() {
+				t.Fatal("a lease was synced before it returned; want it left to the timer")
+			}
+			// Its body is read at once, not after the timer.
+			b, err := s.Body(ctx, 1)
+			if err != nil || string(b) != string(tbody(1)) {
+				t.Fatalf("Body after a lazy lease: %q, %v", b, err)
+			}
+			if d := time.Since(start); d >= queuecore.SyncDelay {
+				t.Logf("Body took %v (the machine is slow?)", d)
+			}
+			m2 := tmsg(2, "q", "b", queuecore.StateReady)
+			ack := tdel(1)
+			ack.NoSync = true
+			mustApply(t, s, ack)
+			mustApply(t, s, tins(m2))
+			if unsynced() {
+				t.Fatal("a publish after a lease returned unsynced")
+			}
+			leased2 := m2
+			leased2.State, leased2.Deadline = queuecore.StateLeased, m2.StateAt.Add(time.Minute)
+			op = tupd(leased2)
+			op.NoSync = true
+			start = time.Now()
+			mustApply(t, s, op)
+			for unsynced() {
+				if time.Since(start) > 5*queuecore.SyncDelay {
+					t.Fatalf("the journal is still not synced %v after a lease", time.Since(start))
+				}
+				time.Sleep(queuecore.SyncDelay / 10)
+			}
+			wantMessage(t, s, leased2, tbody(2))
+		})
+	}
+}
