@@ -38,6 +38,7 @@ var (
 	flagSize    = flag.Int("size", 1<<20, "message size in bytes")
 	flagStores  = flag.String("stores", "sqlite,fs", "stores to run, comma-separated")
 	flagSync    = flag.String("sync", "full", "--sync of the daemon")
+	flagProfile = flag.String("cpuprofile", "", "write the daemon's CPU profile to this file (STORE appended)")
 	flagWarm    = flag.Bool("warm", false, "read without dropping the file's page cache first")
 )
 
@@ -57,7 +58,11 @@ func TestBigMessages(t *testing.T) {
 	lb := startLoopback(t)
 	for _, store := range strings.Split(*flagStores, ",") {
 		t.Run(store, func(t *testing.T) {
-			d := testenv.StartDaemon(t, testenv.DaemonOptions{Backend: store, Sync: *flagSync})
+			var args []string
+			if *flagProfile != "" {
+				args = []string{"--cpuprofile", *flagProfile + "." + store}
+			}
+			d := testenv.StartDaemon(t, testenv.DaemonOptions{Backend: store, Sync: *flagSync, Args: args})
 			if err := os.Mkdir(d.Path("big"), 0o755); err != nil {
 				t.Fatal(err)
 			}
