@@ -2,6 +2,7 @@ package fusefs_test
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -199,4 +200,47 @@ func kernelAtLeast(major, minor int) bool {
 		mi = mi*10 + int(c-'0')
 	}
 	return ma > major || ma == major && mi >= minor
+}
+
+// TestBodyFileOutOfDescriptors: a client that holds more messages open
+// than the daemon has descriptors gets every one (past the bound on body
+// files held, from a copy of the body), and the store keeps working (fs
+// store, a daemon limited to 96 descriptors).
+func TestBodyFileOutOfDescriptors(t *testing.T) {
+	d := testenv.StartDaemon(t, testenv.DaemonOptions{Backend: "fs", Wrap: []string{"prlimit", "--nofile=96:96", "--"}})
+	q := mkq(t, d, "q", "")
+	const n = 150
+	for i := range n {
+		if err := os.WriteFile(filepath.Join(q, "inbox", fmt.Sprint("m", i)), bigBody(byte(i), 5000), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var files []*os.File
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	for i := range n {
+		f, err := os.Open(filepath.Join(q, "inbox", fmt.Sprint("m", i)))
+		if err != nil {
+			t.Fatalf("open of message %d with %d open: %v", i, len(files), err)
+		}
+		files = append(files, f)
+	}
+	for i, f := range files {
+		got := make([]byte, 6000)
+		k, _ := f.ReadAt(got, 0)
+		if !bytes.Equal(got[:k], bigBody(byte(i), 5000)) {
+			t.Fatalf("message %d: read %d bytes, not its body", i, k)
+		}
+	}
+	// The store still has descriptors for its own files.
+	later := bigBody(200, 5000)
+	if err := os.WriteFile(filepath.Join(q, "inbox", "later"), later, 0o644); err != nil {
+		t.Fatalf("publish with %d messages open: %v", len(files), err)
+	}
+	if got, err := os.ReadFile(filepath.Join(q, "inbox", "later")); err != nil || !bytes.Equal(got, later) {
+		t.Fatalf("read with %d messages open: %d bytes, %v", len(files), len(got), err)
+	}
 }

@@ -198,10 +198,20 @@ func (n *msgNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32
 	if err != nil {
 		return nil, 0, errnoOf(err)
 	}
-	f, inFiles, err := n.fsys.core.BodyFile(ctx, m)
-	if err != nil {
-		n.fsys.log.Warn("open of a message's body file failed", logQueue, n.queue, logName, name, logErr, err)
-		return nil, 0, errnoOf(err)
+	var f *os.File
+	inFiles := true // not known past the bound: then the copy stays out of the page cache
+	if n.fsys.bodyFiles.take() {
+		f, inFiles, err = n.fsys.core.BodyFile(ctx, m)
+		if f == nil {
+			n.fsys.bodyFiles.give()
+		}
+		if errors.Is(err, queuecore.ErrNotFound) {
+			return nil, 0, errnoOf(err)
+		}
+		if err != nil {
+			// Out of descriptors, say: the store can still give a copy.
+			n.fsys.log.Warn("body file not usable, reading a copy of the body", logQueue, n.queue, logName, name, logErr, err)
+		}
 	}
 	if f != nil {
 		// go-fuse turns this into FOPEN_PASSTHROUGH when the kernel takes
@@ -421,6 +431,7 @@ func (n *msgNode) Release(ctx context.Context, fh fs.FileHandle) syscall.Errno {
 	if h, ok := fh.(*readHandle); ok && h.file != nil {
 		h.file.Close()
 		h.file = nil
+		n.fsys.bodyFiles.give()
 	}
 	if _, ok := fh.(*writeHandle); !ok {
 		return 0
