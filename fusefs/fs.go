@@ -84,6 +84,8 @@ type FS struct {
 	readers readerCount // blocked .next reads (limits.go)
 	drafts  draftBytes  // bytes of uncommitted files (limits.go)
 
+	bodyFiles bodyFileCount // body files held open for readers (bodyfiles.go)
+
 	mu      sync.Mutex
 	queueNo map[string]uint32       // queue name → number, for inode numbers
 	pending map[pendingKey]*msgNode // files in inbox/ not yet committed, and drafts

@@ -3,6 +3,7 @@ package fusefs
 import (
 	"context"
 	"errors"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,10 +36,35 @@ type msgNode struct {
 // readHandle serves reads of a committed message (the body never changes)
 // or of a copy of a file not committed yet, whose bytes count in the
 // draft bounds of the reader's uid until the release (held).
+//
+// A committed message whose store keeps the body in a file of its own
+// (the fs store) is read from that file (file, size) instead of a copy in
+// memory: the kernel reads it itself when it accepts the file as the
+// open's backing file (FUSE passthrough, PassthroughFd), else READs are
+// spliced from it. See docs/performance.md.
 type readHandle struct {
 	body []byte
 	uid  uint32
 	held int64
+
+	file *os.File
+	fd   int
+	size int64
+}
+
+var _ = (fs.FilePassthroughFder)((*readHandle)(nil))
+
+// PassthroughFd offers the body file as the open's backing file: go-fuse
+// registers it with the kernel (once per inode while it is open), which
+// then serves read(2) and mmap from it without asking the daemon. The
+// kernel reads it with the daemon's credentials, through our read-only
+// descriptor: the reader cannot write to it, and it holds only this
+// message's bytes (readHandle.file is checked by the store).
+func (h *readHandle) PassthroughFd() (int, bool) {
+	if h.file == nil {
+		return 0, false
+	}
+	return h.fd, true
 }
 
 // current returns the message this node stands for, wherever it is now.
@@ -235,9 +261,37 @@ func (n *msgNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32
 		n.fsys.log.Warn("open for writing refused: committed messages are immutable", logQueue, n.queue, logName, name)
 		return nil, 0, syscall.EPERM
 	}
+	var f *os.File
+	var err error
+	inFiles := true // not known past the bound: then the copy stays out of the page cache
+	if n.fsys.bodyFiles.take() {
+		f, inFiles, err = n.fsys.core.BodyFile(ctx, m)
+		if f == nil {
+			n.fsys.bodyFiles.give()
+		}
+		if errors.Is(err, queuecore.ErrNotFound) {
+			return nil, 0, errnoOf(err)
+		}
+		if err != nil {
+			// Out of descriptors, say: the store can still give a copy.
+			n.fsys.log.Warn("body file not usable, reading a copy of the body", logQueue, n.queue, logName, name, logErr, err)
+		}
+	}
+	if f != nil {
+		// go-fuse turns this into FOPEN_PASSTHROUGH when the kernel takes
+		// the file (and drops KEEP_CACHE then).
+		return &readHandle{file: f, fd: int(f.Fd()), size: m.Size}, fuse.FOPEN_KEEP_CACHE, 0
+	}
 	body, err := n.fsys.core.Body(ctx, m)
 	if err != nil {
 		return nil, 0, errnoOf(err)
+	}
+	if inFiles {
+		// The kernel refuses to open an inode through a backing file while
+		// another open of it uses the page cache (open(2) would fail with
+		// EIO), and the next reader of this message may get its file: an
+		// open served from memory stays out of the page cache.
+		return &readHandle{body: body}, fuse.FOPEN_DIRECT_IO, 0
 	}
 	return &readHandle{body: body}, fuse.FOPEN_KEEP_CACHE, 0
 }
@@ -248,6 +302,14 @@ func (n *msgNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off i
 	h, ok := fh.(*readHandle)
 	if !ok {
 		return nil, syscall.EBADF
+	}
+	if h.file != nil {
+		// Not passed through (the kernel or go-fuse declined the backing
+		// file): go-fuse splices the bytes from the file to the kernel.
+		if off >= h.size {
+			return fuse.ReadResultData(nil), 0
+		}
+		return fuse.ReadResultFd(uintptr(h.fd), off, int(min(int64(len(dest)), h.size-off))), 0
 	}
 	if off >= int64(len(h.body)) {
 		return fuse.ReadResultData(nil), 0
@@ -430,6 +492,11 @@ func (n *msgNode) Release(ctx context.Context, fh fs.FileHandle) syscall.Errno {
 	if h, ok := fh.(*readHandle); ok && h.held > 0 {
 		n.fsys.drafts.grow(&n.fsys.opts, h.uid, -h.held) // a copy of a file not committed
 		h.held, h.body = 0, nil
+	}
+	if h, ok := fh.(*readHandle); ok && h.file != nil {
+		h.file.Close()
+		h.file = nil
+		n.fsys.bodyFiles.give()
 	}
 	if _, ok := fh.(*writeHandle); !ok {
 		return 0

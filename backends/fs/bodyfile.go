@@ -1,0 +1,92 @@
+package fs
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+
+	"yirangmq/queuecore"
+)
+
+var _ queuecore.BodyFiler = (*Store)(nil)
+
+// BodyFile opens the body file of message id read-only, for a reader that
+// reads it in place (queuecore.BodyFiler). It is nil while the body is
+// only in the journal and in memory (its file operation has not run yet).
+// The file is checked to be the message's: its size, and its ID xattr
+// where it has one. Body files are written to a temp file
+// and renamed into place, never changed in place, so the bytes behind the
+// descriptor stay the message's whatever happens to the name afterwards
+// (a lease renames it, an ack unlinks it, a new message may take the name).
+func (s *Store) BodyFile(ctx context.Context, id uint64) (*os.File, error) {
+	for {
+		s.fileMu.RLock()
+		s.mu.RLock()
+		e := s.ix.byID[id]
+		if e == nil {
+			s.mu.RUnlock()
+			s.fileMu.RUnlock()
+			return nil, fmt.Errorf("body of message %d: %w", id, queuecore.ErrNotFound)
+		}
+		if s.unwritten[id] != nil {
+			s.mu.RUnlock()
+			s.fileMu.RUnlock()
+			return nil, nil
+		}
+		if s.busy[id] > 0 {
+			failErr, ch := s.failErr, s.progress
+			s.mu.RUnlock()
+			s.fileMu.RUnlock()
+			if failErr != nil {
+				return nil, fmt.Errorf("body of message %d: the store failed: %w", id, failErr)
+			}
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		path, size := s.entryPath(e), e.size
+		s.mu.RUnlock()
+		f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+		s.fileMu.RUnlock()
+		if err != nil {
+			return nil, fmt.Errorf("body of message %d: %w", id, err)
+		}
+		if err := s.checkBodyFile(f, id, size); err != nil {
+			f.Close()
+			return nil, err
+		}
+		return f, nil
+	}
+}
+
+// checkBodyFile makes sure f is a regular file of size bytes carrying id.
+func (s *Store) checkBodyFile(f *os.File, id uint64, size int64) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return fmt.Errorf("body of message %d: %w", id, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size != size {
+		return fmt.Errorf("body of message %d: %s is not its body file (mode %o, %d bytes, want %d)", id, f.Name(), st.Mode, st.Size, size)
+	}
+	if s.noXattr.Load() {
+		return nil
+	}
+	var buf [24]byte
+	n, err := unix.Fgetxattr(int(f.Fd()), idXattr, buf[:])
+	if err == unix.ENODATA || err == unix.ENOTSUP || err == unix.EOPNOTSUPP {
+		return nil // no ID to check (a file system without user xattrs); the path and size were right
+	}
+	if err != nil || n <= 0 {
+		return fmt.Errorf("body of message %d: read the ID of %s: %v", id, f.Name(), err)
+	}
+	if got, perr := strconv.ParseUint(string(buf[:n]), 10, 64); perr != nil || got != id {
+		return fmt.Errorf("body of message %d: %s is the body of message %s", id, f.Name(), buf[:n])
+	}
+	return nil
+}
