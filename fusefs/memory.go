@@ -144,16 +144,23 @@ const pruneBatch = 2048
 // it writes the notification, so no FUSE request ever waits for it.
 func (f *FS) prune(root *fs.Inode) {
 	defer f.wg.Done()
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
+	// An idle daemon must not wake: the pruner waits for a kick (a node
+	// past the limit, memory pressure), and looks again after a second
+	// only while its last look left more nodes than the limit (the kernel
+	// keeps the inodes of open files).
+	var again <-chan time.Time
 	for {
 		select {
 		case <-f.done:
 			return
-		case <-t.C:
+		case <-again:
 		case <-f.lru.kick:
 		}
+		again = nil
 		nodes := f.pruneCandidates(f.inodeLimit())
+		if f.lru.len() > f.inodeLimit() {
+			again = time.After(time.Second)
+		}
 		if len(nodes) == 0 {
 			continue
 		}
@@ -333,4 +340,11 @@ func (f *FS) appendMemoryMetrics(b []byte) []byte {
 	b = fmt.Appendf(b, "# HELP yirangmq_memory_budget_bytes The memory budget (0: none).\n# TYPE yirangmq_memory_budget_bytes gauge\nyirangmq_memory_budget_bytes %d\n", f.opts.MemoryBudget)
 	b = fmt.Appendf(b, "# HELP yirangmq_memory_full 1 while new messages are refused for memory.\n# TYPE yirangmq_memory_full gauge\nyirangmq_memory_full %d\n", full)
 	return b
+}
+
+// len is the number of message nodes on the list.
+func (l *nodeLRU) len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.n
 }

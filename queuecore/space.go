@@ -62,6 +62,7 @@ const (
 	// is given back when the disk is short.
 	ReserveName = "space.reserve"
 	spaceTick   = 200 * time.Millisecond
+	spaceIdle   = 30 * time.Second
 	maxReserve  = 16 << 20
 	trimBatch   = 128
 )
@@ -115,6 +116,14 @@ type space struct {
 	lastReclaim  time.Time
 	reserveWant  int64
 	reserveFails int
+
+	// An idle daemon must not wake the machine: once a tick finds no
+	// commit since the one before (and the disk above its floor), run
+	// waits for the next commit (kick) or spaceIdle. Publishes measure by
+	// themselves when the last measure is older than admitFresh.
+	commits atomic.Uint64
+	idle    atomic.Bool
+	kick    chan struct{}
 }
 
 func statfsDir(dir string) (free, total int64, err error) {
@@ -128,7 +137,7 @@ func statfsDir(dir string) (free, total int64, err error) {
 // newSpace starts watching dir; minFree < 0 turns the floor off but keeps
 // the watch (stats, reclaim after a failed write).
 func newSpace(c *Core, dir string, minFree int64) *space {
-	sp := &space{c: c, dir: dir, minFree: minFree, auto: minFree == 0, reserve: filepath.Join(dir, ReserveName), statfs: statfsDir}
+	sp := &space{c: c, dir: dir, minFree: minFree, auto: minFree == 0, reserve: filepath.Join(dir, ReserveName), statfs: statfsDir, kick: make(chan struct{}, 1)}
 	if minFree < 0 {
 		sp.minFree = 0
 	}
@@ -227,18 +236,46 @@ func (sp *space) relieve(ctx context.Context, err error) bool {
 	return sp.dropReserve()
 }
 
-// run ticks until the core closes.
+// run ticks until the core closes: every spaceTick while commits come,
+// every spaceIdle (or at the next commit) while none do.
 func (sp *space) run() {
 	defer sp.c.wg.Done()
-	t := time.NewTicker(spaceTick)
+	t := time.NewTimer(spaceTick)
 	defer t.Stop()
 	sp.tick()
+	last := sp.commits.Load()
 	for {
 		select {
 		case <-sp.c.done:
 			return
 		case <-t.C:
-			sp.tick()
+		case <-sp.kick:
+			t.Stop() // Go 1.23 timers: no stale value to drain
+		}
+		sp.idle.Store(false)
+		sp.tick()
+		now := sp.commits.Load()
+		wait := spaceTick
+		if now == last && !sp.low.Load() && !sp.pressure.Load() {
+			sp.idle.Store(true)
+			if sp.commits.Load() == now {
+				wait = spaceIdle
+			} else {
+				sp.idle.Store(false)
+			}
+		}
+		last = now
+		t.Reset(wait)
+	}
+}
+
+// committed tells run that the store changed, waking it if it idles.
+func (sp *space) committed() {
+	sp.commits.Add(1)
+	if sp.idle.Load() && sp.idle.CompareAndSwap(true, false) {
+		select {
+		case sp.kick <- struct{}{}:
+		default:
 		}
 	}
 }

@@ -187,6 +187,9 @@ func (c *Core) commit(ctx context.Context, b *batch) error {
 		}
 		return err
 	}
+	if c.space != nil {
+		c.space.committed()
+	}
 	c.applied(b)
 	return nil
 }
