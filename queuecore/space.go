@@ -131,7 +131,7 @@ func statfsDir(dir string) (free, total int64, err error) {
 	if err := syscall.Statfs(dir, &st); err != nil {
 		return 0, 0, err
 	}
-	return int64(st.Bavail) * st.Bsize, int64(st.Blocks) * st.Bsize, nil
+	return int64(st.Bavail) * int64(st.Bsize), int64(st.Blocks) * int64(st.Bsize), nil
 }
 
 // newSpace starts watching dir; minFree < 0 turns the floor off but keeps
