@@ -25,7 +25,12 @@ func (s *Store) BodyFile(ctx context.Context, id uint64) (*os.File, error) {
 	for {
 		s.fileMu.RLock()
 		s.mu.RLock()
-		e := s.ix.byID[id]
+		e, err := s.ix.get(id) // a spilled message too
+		if err != nil {
+			s.mu.RUnlock()
+			s.fileMu.RUnlock()
+			return nil, fmt.Errorf("body of message %d: %w", id, err)
+		}
 		if e == nil {
 			s.mu.RUnlock()
 			s.fileMu.RUnlock()

@@ -246,8 +246,9 @@ func startLoopback(t *testing.T) string {
 	root := filepath.Dir(filepath.Dir(filepath.Dir(file)))
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "loopbackd")
-	build := exec.Command("go", "build", "-o", bin, "./testenv/mountbench/loopbackd")
-	build.Dir = root
+	// The benchmark tooling is a module of its own: build inside it.
+	build := exec.Command("go", "build", "-o", bin, "./loopbackd")
+	build.Dir = filepath.Join(root, "testenv", "mountbench")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build loopbackd: %v\n%s", err, out)
 	}
