@@ -43,10 +43,17 @@ func (s *Store) BodyFile(ctx context.Context, id uint64) (*os.File, error) {
 		}
 		if s.busy[id] > 0 {
 			failErr, ch := s.failErr, s.progress
+			lazy := s.synced.Load() < s.written.Load() && s.opts.Sync == queuecore.SyncFull
 			s.mu.RUnlock()
 			s.fileMu.RUnlock()
 			if failErr != nil {
 				return nil, fmt.Errorf("body of message %d: the store failed: %w", id, failErr)
+			}
+			if lazy {
+				// As in Body: a lease or an ack not synced yet holds the
+				// file back; sync now rather than wait.
+				s.flushLazy()
+				continue
 			}
 			select {
 			case <-ch:
