@@ -22,59 +22,24 @@ var _ queuecore.BodyFiler = (*Store)(nil)
 // descriptor stay the message's whatever happens to the name afterwards
 // (a lease renames it, an ack unlinks it, a new message may take the name).
 func (s *Store) BodyFile(ctx context.Context, id uint64) (*os.File, error) {
-	for {
-		s.fileMu.RLock()
-		s.mu.RLock()
-		e, err := s.ix.get(id) // a spilled message too
-		if err != nil {
-			s.mu.RUnlock()
-			s.fileMu.RUnlock()
-			return nil, fmt.Errorf("body of message %d: %w", id, err)
-		}
-		if e == nil {
-			s.mu.RUnlock()
-			s.fileMu.RUnlock()
-			return nil, fmt.Errorf("body of message %d: %w", id, queuecore.ErrNotFound)
-		}
-		if s.unwritten[id] != nil {
-			s.mu.RUnlock()
-			s.fileMu.RUnlock()
-			return nil, nil
-		}
-		if s.busy[id] > 0 {
-			failErr, ch := s.failErr, s.progress
-			lazy := s.synced.Load() < s.written.Load() && s.opts.Sync == queuecore.SyncFull
-			s.mu.RUnlock()
-			s.fileMu.RUnlock()
-			if failErr != nil {
-				return nil, fmt.Errorf("body of message %d: the store failed: %w", id, failErr)
-			}
-			if lazy {
-				// As in Body: a lease or an ack not synced yet holds the
-				// file back; sync now rather than wait.
-				s.flushLazy()
-				continue
-			}
-			select {
-			case <-ch:
-				continue
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-		}
-		path, size := s.entryPath(e), e.size
-		s.mu.RUnlock()
-		f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
-		s.fileMu.RUnlock()
-		if err != nil {
-			return nil, fmt.Errorf("body of message %d: %w", id, err)
-		}
-		if err := s.checkBodyFile(f, id, size); err != nil {
-			f.Close()
-			return nil, err
-		}
-		return f, nil
+	at, pb, err := s.bodyEntry(ctx, id)
+	if err != nil {
+		return nil, err
 	}
+	if pb != nil {
+		s.fileMu.RUnlock()
+		return nil, nil
+	}
+	f, err := os.OpenFile(at.path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	s.fileMu.RUnlock()
+	if err != nil {
+		return nil, fmt.Errorf("body of message %d: %w", id, err)
+	}
+	if err := s.checkBodyFile(f, id, at.size); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 // checkBodyFile makes sure f is a regular file of size bytes carrying id.

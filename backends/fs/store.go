@@ -402,58 +402,75 @@ func (s *Store) MaxID(ctx context.Context) (uint64, error) {
 // yet comes from memory; one whose file is about to move is read once the
 // move is done, so a body is never read from the wrong file.
 func (s *Store) Body(ctx context.Context, id uint64) ([]byte, error) {
+	at, pb, err := s.bodyEntry(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	defer s.fileMu.RUnlock()
+	if pb != nil {
+		if pb.data == nil {
+			return []byte{}, nil
+		}
+		return bytes.Clone(pb.data), nil
+	}
+	b, err := os.ReadFile(at.path)
+	if err != nil {
+		return nil, fmt.Errorf("body of message %d: %w", id, err)
+	}
+	return b, nil
+}
+
+// bodyAt is where a message's body is: its file's path and size, the
+// message's at the time of the look-up.
+type bodyAt struct {
+	path string
+	size int64
+}
+
+// bodyEntry finds message id (spilled ones too) once no file operation on
+// its body is under way, and returns with s.fileMu held for reading (the
+// caller releases it), so that the file stays where it was found: pb is
+// the body while its file is not written yet, else the file is at e.path.
+// A lease or an ack not synced yet holds its file back
+// (commitLazyLocked): that is synced at once rather than waited for.
+func (s *Store) bodyEntry(ctx context.Context, id uint64) (bodyAt, *pendingBody, error) {
 	for {
 		s.fileMu.RLock()
 		s.mu.RLock()
 		e, err := s.ix.get(id)
+		if err == nil && e == nil {
+			err = queuecore.ErrNotFound
+		}
 		if err != nil {
 			s.mu.RUnlock()
 			s.fileMu.RUnlock()
-			return nil, fmt.Errorf("body of message %d: %w", id, err)
-		}
-		if e == nil {
-			s.mu.RUnlock()
-			s.fileMu.RUnlock()
-			return nil, fmt.Errorf("body of message %d: %w", id, queuecore.ErrNotFound)
+			return bodyAt{}, nil, fmt.Errorf("body of message %d: %w", id, err)
 		}
 		if pb := s.unwritten[id]; pb != nil {
-			b := bytes.Clone(pb.data)
 			s.mu.RUnlock()
-			s.fileMu.RUnlock()
-			if b == nil {
-				b = []byte{}
-			}
-			return b, nil
+			return bodyAt{}, pb, nil
 		}
-		if s.busy[id] > 0 {
-			failErr, ch := s.failErr, s.progress
-			lazy := s.synced.Load() < s.written.Load() && s.opts.Sync == queuecore.SyncFull
+		if s.busy[id] == 0 {
+			at := bodyAt{path: s.entryPath(e), size: e.size}
 			s.mu.RUnlock()
-			s.fileMu.RUnlock()
-			if failErr != nil {
-				return nil, fmt.Errorf("body of message %d: the store failed: %w", id, failErr)
-			}
-			if lazy {
-				// A lease or an ack not synced yet holds its file back
-				// (commitLazyLocked): sync now rather than wait for the timer.
-				s.flushLazy()
-				continue
-			}
-			select {
-			case <-ch:
-				continue
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
+			return at, nil, nil
 		}
-		path := s.bodyPath(e.q.name, e.state, e.name())
+		failErr, ch := s.failErr, s.progress
+		lazy := s.synced.Load() < s.written.Load() && s.opts.Sync == queuecore.SyncFull
 		s.mu.RUnlock()
-		b, err := os.ReadFile(path)
 		s.fileMu.RUnlock()
-		if err != nil {
-			return nil, fmt.Errorf("body of message %d: %w", id, err)
+		if failErr != nil {
+			return bodyAt{}, nil, fmt.Errorf("body of message %d: the store failed: %w", id, failErr)
 		}
-		return b, nil
+		if lazy {
+			s.flushLazy()
+			continue
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return bodyAt{}, nil, ctx.Err()
+		}
 	}
 }
 
