@@ -62,7 +62,6 @@ const (
 	// is given back when the disk is short.
 	ReserveName = "space.reserve"
 	spaceTick   = 200 * time.Millisecond
-	spaceIdle   = 30 * time.Second
 	maxReserve  = 16 << 20
 	trimBatch   = 128
 )
@@ -119,8 +118,8 @@ type space struct {
 
 	// An idle daemon must not wake the machine: once a tick finds no
 	// commit since the one before (and the disk above its floor), run
-	// waits for the next commit (kick) or spaceIdle. Publishes measure by
-	// themselves when the last measure is older than admitFresh.
+	// waits for the next commit (kick). Publishes and stats reads measure
+	// by themselves when the last measure is older than admitFresh.
 	commits atomic.Uint64
 	idle    atomic.Bool
 	kick    chan struct{}
@@ -236,8 +235,11 @@ func (sp *space) relieve(ctx context.Context, err error) bool {
 	return sp.dropReserve()
 }
 
-// run ticks until the core closes: every spaceTick while commits come,
-// every spaceIdle (or at the next commit) while none do.
+// run ticks until the core closes: every spaceTick while commits come;
+// once a tick has seen none (and the disk is above its floor), only at the
+// next commit. An idle daemon has no timer here: a publish measures for
+// itself when the last measure is older than admitFresh, and so does a
+// read of the stats, so nothing waits on a tick that idling skipped.
 func (sp *space) run() {
 	defer sp.c.wg.Done()
 	t := time.NewTimer(spaceTick)
@@ -255,17 +257,16 @@ func (sp *space) run() {
 		sp.idle.Store(false)
 		sp.tick()
 		now := sp.commits.Load()
-		wait := spaceTick
 		if now == last && !sp.low.Load() && !sp.pressure.Load() {
 			sp.idle.Store(true)
 			if sp.commits.Load() == now {
-				wait = spaceIdle
-			} else {
-				sp.idle.Store(false)
+				last = now
+				continue // no timer: the next commit kicks
 			}
+			sp.idle.Store(false)
 		}
 		last = now
-		t.Reset(wait)
+		t.Reset(spaceTick)
 	}
 }
 
@@ -486,6 +487,9 @@ type notedKind struct {
 
 // stats is the DiskStats snapshot.
 func (sp *space) stats() *DiskStats {
+	if time.Now().UnixNano()-sp.measuredAt.Load() >= int64(admitFresh) {
+		sp.measure() // an idle daemon does not tick: measure for the reader (on error, the last measure)
+	}
 	return &DiskStats{
 		Path: sp.dir, FreeBytes: sp.free.Load(), TotalBytes: sp.total.Load(), MinFreeBytes: sp.floor(),
 		ReserveBytes: sp.reserveHeld.Load(), Low: sp.low.Load(), PublishesRefusedTotal: sp.refused.Load(),
