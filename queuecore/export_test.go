@@ -30,3 +30,9 @@ func SettledStats(c *Core, ctx context.Context, queue string) (QueueStats, error
 	c.gauges.force()
 	return c.Stats(ctx, queue)
 }
+
+// SpaceIdle reports whether the free-space tick idles: it waits for the
+// next commit (or a wake) with no timer.
+func SpaceIdle(c *Core) bool {
+	return c.space != nil && c.space.idle.Load()
+}

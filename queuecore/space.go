@@ -206,6 +206,7 @@ func (sp *space) setLow(low bool, free, floor int64) {
 		return
 	}
 	if low {
+		sp.wake()
 		sp.lowEvents.Add(1)
 		sp.note(slog.LevelWarn, "free space under the store is below the floor: publishes refused with ENOSPC until it is back; consumers go on",
 			"path", sp.dir, "free_bytes", free, "min_free_bytes", floor)
@@ -220,6 +221,7 @@ func (sp *space) setLow(low bool, free, floor int64) {
 func (sp *space) noteWriteError(err error) {
 	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
 		sp.pressure.Store(true)
+		sp.wake()
 	}
 }
 
@@ -232,6 +234,7 @@ func (sp *space) relieve(ctx context.Context, err error) bool {
 		return false
 	}
 	sp.pressure.Store(true)
+	sp.wake()
 	return sp.dropReserve()
 }
 
@@ -273,6 +276,14 @@ func (sp *space) run() {
 // committed tells run that the store changed, waking it if it idles.
 func (sp *space) committed() {
 	sp.commits.Add(1)
+	sp.wake()
+}
+
+// wake makes an idle run tick now: after a commit, and when a publish
+// found the disk under its floor or a write failed for lack of space
+// while no commit came (then only the tick trims the archive and gives
+// the reserve back, and it ticks on while the disk stays low).
+func (sp *space) wake() {
 	if sp.idle.Load() && sp.idle.CompareAndSwap(true, false) {
 		select {
 		case sp.kick <- struct{}{}:

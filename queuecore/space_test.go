@@ -155,3 +155,69 @@ func TestFloorRefusesPublishesOnly(t *testing.T) {
 		})
 	}
 }
+
+// An idle daemon has no free-space timer, but a publish that finds the
+// disk under its floor wakes the tick: the archive is trimmed and the
+// floor is watched again, with no commit to start it.
+func TestFloorSeenWhileIdle(t *testing.T) {
+	for _, s := range stores[:2] {
+		t.Run(s.name, func(t *testing.T) {
+			ctx := context.Background()
+			dir := t.TempDir()
+			st, err := s.opener(t)(ctx, dir, queuecore.SyncNormal)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			var free atomic.Int64
+			free.Store(100 << 20)
+			opts := queuecore.WithStatfs(queuecore.Options{Clock: testenv.NewFakeClock(t0), SpaceDir: dir, MinFree: 4 << 20},
+				func(string) (int64, int64, error) { return free.Load(), 1 << 30, nil })
+			core, err := queuecore.Open(ctx, st, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer core.Close()
+			if err := core.CreateQueue(ctx, "q", 0, 0, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			for _, n := range []string{"a1", "a2"} {
+				if _, err := core.Publish(ctx, "q", n, []byte("x"), queuecore.PublishOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := core.Lease(ctx, "q", n, ""); err != nil {
+					t.Fatal(err)
+				}
+				if err := core.Ack(ctx, "q", n); err != nil {
+					t.Fatal(err)
+				}
+			}
+			testenv.MustRetryUntil(t, 5*time.Second, "the free-space tick to idle after the last commit", func() bool {
+				return queuecore.SpaceIdle(core)
+			})
+			// The tick's last measure serves a publish for admitFresh (100
+			// ms); past it the next publish measures for itself, so it is
+			// refused without a commit that would wake the tick anyway.
+			time.Sleep(150 * time.Millisecond)
+			free.Store(1 << 20) // filled from outside, no commit since
+			if _, err := core.Publish(ctx, "q", "p1", []byte("x"), queuecore.PublishOptions{}); !errors.Is(err, queuecore.ErrDiskLow) {
+				t.Fatalf("publish under the floor: %v, want ErrDiskLow", err)
+			}
+			// Only the tick trims the archive; no commit has woken it.
+			var d queuecore.DaemonStats
+			if !testenv.RetryUntil(5*time.Second, func() bool {
+				d, _ = core.DaemonStats(ctx)
+				return d.Disk != nil && d.Disk.Low && d.Queues[0].Archived == 0
+			}) {
+				t.Fatalf("under the floor while idle: disk %+v, archived %d; want low and the archive trimmed", d.Disk, d.Queues[0].Archived)
+			}
+			free.Store(100 << 20)
+			if !testenv.RetryUntil(5*time.Second, func() bool {
+				d, _ = core.DaemonStats(ctx)
+				return !d.Disk.Low
+			}) {
+				t.Errorf("space back: disk %+v, want not low", d.Disk)
+			}
+		})
+	}
+}
