@@ -499,7 +499,14 @@ type notedKind struct {
 // stats is the DiskStats snapshot.
 func (sp *space) stats() *DiskStats {
 	if time.Now().UnixNano()-sp.measuredAt.Load() >= int64(admitFresh) {
-		sp.measure() // an idle daemon does not tick: measure for the reader (on error, the last measure)
+		// An idle daemon does not tick: measure for the reader (on error,
+		// the last measure), and a disk found under its floor wakes the
+		// tick as a refused publish would.
+		if free, err := sp.measure(); err == nil {
+			if floor := sp.floor(); floor > 0 && free < floor {
+				sp.setLow(true, free, floor)
+			}
+		}
 	}
 	return &DiskStats{
 		Path: sp.dir, FreeBytes: sp.free.Load(), TotalBytes: sp.total.Load(), MinFreeBytes: sp.floor(),

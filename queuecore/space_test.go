@@ -216,7 +216,31 @@ func TestFloorSeenWhileIdle(t *testing.T) {
 				d, _ = core.DaemonStats(ctx)
 				return !d.Disk.Low
 			}) {
-				t.Errorf("space back: disk %+v, want not low", d.Disk)
+				t.Fatalf("space back: disk %+v, want not low", d.Disk)
+			}
+			// A read of the stats alone sees the floor too, and wakes
+			// the tick.
+			for _, n := range []string{"b1", "b2"} {
+				if _, err := core.Publish(ctx, "q", n, []byte("x"), queuecore.PublishOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := core.Lease(ctx, "q", n, ""); err != nil {
+					t.Fatal(err)
+				}
+				if err := core.Ack(ctx, "q", n); err != nil {
+					t.Fatal(err)
+				}
+			}
+			testenv.MustRetryUntil(t, 5*time.Second, "the free-space tick to idle again", func() bool {
+				return queuecore.SpaceIdle(core)
+			})
+			time.Sleep(150 * time.Millisecond) // past admitFresh, as above
+			free.Store(1 << 20)
+			if !testenv.RetryUntil(5*time.Second, func() bool {
+				d, _ = core.DaemonStats(ctx)
+				return d.Disk.Low && d.Queues[0].Archived == 0
+			}) {
+				t.Fatalf("stats read under the floor while idle: disk %+v, archived %d; want low and the archive trimmed", d.Disk, d.Queues[0].Archived)
 			}
 		})
 	}
