@@ -155,7 +155,7 @@ func (f *FS) Mount(core *queuecore.Core, mountpoint string) (*Server, error) {
 		AllowOther:    f.opts.AllowOther,
 		Debug:         f.opts.Debug,
 		MaxBackground: 64,
-		MaxWrite:      maxWrite,
+		MaxWrite:      maxWriteFor(f.opts.MemoryBudget),
 		// A bug in a handler must not take the queues down: log it with
 		// its stack and answer that request with EIO.
 		PanicHandler: func(r any) fuse.Status {

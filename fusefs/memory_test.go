@@ -151,3 +151,37 @@ func isErrno(err error, want syscall.Errno) bool {
 	}
 	return e == want
 }
+
+// A small memory budget makes the request buffers small too: max_read
+// (which the kernel shows; max_write is the same) is 128 KiB under a
+// budget of less than 128 MiB, 1 MiB without one.
+func TestMaxWriteFollowsBudget(t *testing.T) {
+	for _, c := range []struct {
+		budget string
+		want   string
+	}{{"48MiB", "max_read=131072"}, {"off", "max_read=1048576"}} {
+		d := testenv.StartDaemon(t, testenv.DaemonOptions{Args: []string{"--memory-budget", c.budget}})
+		b, err := os.ReadFile("/proc/self/mountinfo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var line string
+		for l := range strings.SplitSeq(string(b), "\n") {
+			if f := strings.Fields(l); len(f) > 4 && f[4] == d.Mountpoint {
+				line = l
+			}
+		}
+		if !strings.Contains(line, c.want) {
+			t.Errorf("--memory-budget %s: mount %q, want %s", c.budget, line, c.want)
+		}
+		// A message bigger than one WRITE still arrives whole.
+		q := mkq(t, d, "q", `{"maxMessageBytes": 1048576}`)
+		body := strings.Repeat("0123456789abcdef", 40000) // 640,000 bytes
+		if err := os.WriteFile(filepath.Join(q, "inbox", "big"), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := os.ReadFile(filepath.Join(q, "inbox", "big")); err != nil || string(got) != body {
+			t.Errorf("--memory-budget %s: read back %d bytes (%v), want %d", c.budget, len(got), err, len(body))
+		}
+	}
+}
