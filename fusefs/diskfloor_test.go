@@ -170,6 +170,14 @@ func TestDiskFloorDrain(t *testing.T) {
 			check("resumed")
 
 			// 4. The disk filled from outside the mount, then freed.
+			// The free-space tick runs every 200 ms while commits come and
+			// stops after a tick that saw none. Fill only once it has
+			// stopped: a tick that sees the disk go under half the floor
+			// while FillDisk still writes gives the reserve back, and
+			// FillDisk takes it too (a writer outside the store that keeps
+			// writing defeats any reserve: docs/reliability.md), so the
+			// drain below would find no room at all.
+			time.Sleep(600 * time.Millisecond)
 			filler := filepath.Join(small, "filler")
 			testenv.FillDisk(t, filler)
 			// The daemon measures at least every 200 ms.
