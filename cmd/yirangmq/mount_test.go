@@ -18,7 +18,7 @@ import (
 // that mountpoint detaches (or aborts) it and mounts afresh, with one log
 // line saying so, and the messages committed before the kill are there.
 func TestMountRecoversAfterKill9(t *testing.T) {
-	dir := t.TempDir()
+	dir := deadMountDir(t)
 	store, mp := filepath.Join(dir, "store"), filepath.Join(dir, "mnt")
 	os.Mkdir(mp, 0o755)
 	t.Cleanup(func() { testenv.Unmount(mp) })
@@ -71,4 +71,24 @@ func TestMountRecoversAfterKill9(t *testing.T) {
 	if err := syscall.Unmount(mp, 0); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// deadMountDir is a directory for a test that leaves a dead mount behind
+// on purpose, outside $TMPDIR: the mounting test packages that go test
+// runs beside this one detach dead yirangmq mounts under $TMPDIR when they
+// start (testenv.CleanLeftoverMounts), and one that did so between the
+// kill and the check made the mountpoint the plain directory under it
+// (open and stat then succeed). It is removed when the test ends.
+func deadMountDir(t *testing.T) string {
+	t.Helper()
+	base := "/var/tmp/yirangmq-cmd-tests"
+	if err := os.MkdirAll(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp(base, strings.ReplaceAll(t.Name(), "/", "_")+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
 }

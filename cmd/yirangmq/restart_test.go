@@ -66,7 +66,7 @@ func unitExecStart(t *testing.T, bin, store, mp string) []string {
 // Nothing is aborted or unmounted by the test between kills.
 func TestRestartLoopAfterKill9(t *testing.T) {
 	const kills = 10
-	dir := t.TempDir()
+	dir := deadMountDir(t)
 	store, mp := filepath.Join(dir, "store"), filepath.Join(dir, "mnt")
 	if err := os.Mkdir(mp, 0o755); err != nil { // the unit's ExecStartPre
 		t.Fatal(err)
