@@ -39,24 +39,7 @@ func TestFloorRefusesPublishesOnly(t *testing.T) {
 	for _, s := range stores[:2] { // the local stores: the floor is theirs
 		t.Run(s.name, func(t *testing.T) {
 			ctx := context.Background()
-			dir := t.TempDir()
-			st, err := s.opener(t)(ctx, dir, queuecore.SyncNormal)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer st.Close()
-			var free atomic.Int64
-			free.Store(100 << 20)
-			opts := queuecore.WithStatfs(queuecore.Options{Clock: testenv.NewFakeClock(t0), SpaceDir: dir, MinFree: 4 << 20},
-				func(string) (int64, int64, error) { return free.Load(), 1 << 30, nil })
-			core, err := queuecore.Open(ctx, st, opts)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer core.Close()
-			if err := core.CreateQueue(ctx, "q", 0, 0, 0o755); err != nil {
-				t.Fatal(err)
-			}
+			core, free, dir := floorCore(t, s.opener)
 			pub := func(name string) error {
 				_, err := core.Publish(ctx, "q", name, []byte("body of "+name), queuecore.PublishOptions{})
 				return err
@@ -123,13 +106,7 @@ func TestFloorRefusesPublishesOnly(t *testing.T) {
 			}
 			// The tick saw the floor: the archive is trimmed, and the ack
 			// under the floor did not archive.
-			var d queuecore.DaemonStats
-			if !testenv.RetryUntil(5*time.Second, func() bool {
-				d, _ = core.DaemonStats(ctx)
-				return d.Disk != nil && d.Disk.Low && d.Queues[0].Archived == 0
-			}) {
-				t.Fatalf("under the floor: disk %+v, archived %d; want low and the archive empty", d.Disk, d.Queues[0].Archived)
-			}
+			d := waitLowTrimmed(t, core, "under the floor")
 			if d.Disk.ArchiveTrimmedTotal < 3 || d.Disk.PublishesRefusedTotal < 2 || d.Disk.MinFreeBytes != 4<<20 {
 				t.Errorf("disk stats %+v", d.Disk)
 			}
@@ -163,54 +140,38 @@ func TestFloorSeenWhileIdle(t *testing.T) {
 	for _, s := range stores[:2] {
 		t.Run(s.name, func(t *testing.T) {
 			ctx := context.Background()
-			dir := t.TempDir()
-			st, err := s.opener(t)(ctx, dir, queuecore.SyncNormal)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer st.Close()
-			var free atomic.Int64
-			free.Store(100 << 20)
-			opts := queuecore.WithStatfs(queuecore.Options{Clock: testenv.NewFakeClock(t0), SpaceDir: dir, MinFree: 4 << 20},
-				func(string) (int64, int64, error) { return free.Load(), 1 << 30, nil })
-			core, err := queuecore.Open(ctx, st, opts)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer core.Close()
-			if err := core.CreateQueue(ctx, "q", 0, 0, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			for _, n := range []string{"a1", "a2"} {
-				if _, err := core.Publish(ctx, "q", n, []byte("x"), queuecore.PublishOptions{}); err != nil {
-					t.Fatal(err)
+			core, free, _ := floorCore(t, s.opener)
+			// archiveThenIdle archives two messages, then waits until
+			// the tick idles and its last measure is past.
+			archiveThenIdle := func(names ...string) {
+				t.Helper()
+				for _, n := range names {
+					if _, err := core.Publish(ctx, "q", n, []byte("x"), queuecore.PublishOptions{}); err != nil {
+						t.Fatal(err)
+					}
+					if _, err := core.Lease(ctx, "q", n, ""); err != nil {
+						t.Fatal(err)
+					}
+					if err := core.Ack(ctx, "q", n); err != nil {
+						t.Fatal(err)
+					}
 				}
-				if _, err := core.Lease(ctx, "q", n, ""); err != nil {
-					t.Fatal(err)
-				}
-				if err := core.Ack(ctx, "q", n); err != nil {
-					t.Fatal(err)
-				}
+				testenv.MustRetryUntil(t, 5*time.Second, "the free-space tick to idle after the last commit", func() bool {
+					return queuecore.SpaceIdle(core)
+				})
+				// The tick's last measure serves a publish for admitFresh
+				// (100 ms); past it the next publish measures for itself,
+				// so it is refused without a commit that would wake the
+				// tick anyway.
+				time.Sleep(150 * time.Millisecond)
 			}
-			testenv.MustRetryUntil(t, 5*time.Second, "the free-space tick to idle after the last commit", func() bool {
-				return queuecore.SpaceIdle(core)
-			})
-			// The tick's last measure serves a publish for admitFresh (100
-			// ms); past it the next publish measures for itself, so it is
-			// refused without a commit that would wake the tick anyway.
-			time.Sleep(150 * time.Millisecond)
+			archiveThenIdle("a1", "a2")
 			free.Store(1 << 20) // filled from outside, no commit since
 			if _, err := core.Publish(ctx, "q", "p1", []byte("x"), queuecore.PublishOptions{}); !errors.Is(err, queuecore.ErrDiskLow) {
 				t.Fatalf("publish under the floor: %v, want ErrDiskLow", err)
 			}
 			// Only the tick trims the archive; no commit has woken it.
-			var d queuecore.DaemonStats
-			if !testenv.RetryUntil(5*time.Second, func() bool {
-				d, _ = core.DaemonStats(ctx)
-				return d.Disk != nil && d.Disk.Low && d.Queues[0].Archived == 0
-			}) {
-				t.Fatalf("under the floor while idle: disk %+v, archived %d; want low and the archive trimmed", d.Disk, d.Queues[0].Archived)
-			}
+			d := waitLowTrimmed(t, core, "under the floor while idle")
 			free.Store(100 << 20)
 			if !testenv.RetryUntil(5*time.Second, func() bool {
 				d, _ = core.DaemonStats(ctx)
@@ -220,28 +181,51 @@ func TestFloorSeenWhileIdle(t *testing.T) {
 			}
 			// A read of the stats alone sees the floor too, and wakes
 			// the tick.
-			for _, n := range []string{"b1", "b2"} {
-				if _, err := core.Publish(ctx, "q", n, []byte("x"), queuecore.PublishOptions{}); err != nil {
-					t.Fatal(err)
-				}
-				if _, err := core.Lease(ctx, "q", n, ""); err != nil {
-					t.Fatal(err)
-				}
-				if err := core.Ack(ctx, "q", n); err != nil {
-					t.Fatal(err)
-				}
-			}
-			testenv.MustRetryUntil(t, 5*time.Second, "the free-space tick to idle again", func() bool {
-				return queuecore.SpaceIdle(core)
-			})
-			time.Sleep(150 * time.Millisecond) // past admitFresh, as above
+			archiveThenIdle("b1", "b2")
 			free.Store(1 << 20)
-			if !testenv.RetryUntil(5*time.Second, func() bool {
-				d, _ = core.DaemonStats(ctx)
-				return d.Disk.Low && d.Queues[0].Archived == 0
-			}) {
-				t.Fatalf("stats read under the floor while idle: disk %+v, archived %d; want low and the archive trimmed", d.Disk, d.Queues[0].Archived)
-			}
+			waitLowTrimmed(t, core, "stats read under the floor while idle")
 		})
 	}
+}
+
+// floorCore opens store s in a new directory under a core whose disk is
+// fake (free is what it reports, 100 MiB at first, of 1 GiB), with a
+// floor of 4 MiB and a queue q. Both close when the test ends.
+func floorCore(t *testing.T, opener func(testing.TB) openStore) (*queuecore.Core, *atomic.Int64, string) {
+	t.Helper()
+	ctx := context.Background()
+	dir := t.TempDir()
+	st, err := opener(t)(ctx, dir, queuecore.SyncNormal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	free := new(atomic.Int64)
+	free.Store(100 << 20)
+	opts := queuecore.WithStatfs(queuecore.Options{Clock: testenv.NewFakeClock(t0), SpaceDir: dir, MinFree: 4 << 20},
+		func(string) (int64, int64, error) { return free.Load(), 1 << 30, nil })
+	core, err := queuecore.Open(ctx, st, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { core.Close() })
+	if err := core.CreateQueue(ctx, "q", 0, 0, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return core, free, dir
+}
+
+// waitLowTrimmed waits until the core's disk is low and the archive of
+// its one queue is empty (trimmed by the free-space tick), and returns
+// the stats that showed it.
+func waitLowTrimmed(t *testing.T, core *queuecore.Core, what string) queuecore.DaemonStats {
+	t.Helper()
+	var d queuecore.DaemonStats
+	if !testenv.RetryUntil(5*time.Second, func() bool {
+		d, _ = core.DaemonStats(context.Background())
+		return d.Disk != nil && d.Disk.Low && d.Queues[0].Archived == 0
+	}) {
+		t.Fatalf("%s: disk %+v, archived %d; want low and the archive trimmed", what, d.Disk, d.Queues[0].Archived)
+	}
+	return d
 }
