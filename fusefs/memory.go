@@ -21,7 +21,8 @@ import (
 // docs/performance.md). Two things bound it:
 //
 //   - the pruner: past Options.MaxMessageInodes message nodes, it asks the
-//     kernel to forget the least recently used ones (FUSE_NOTIFY_PRUNE,
+//     kernel to forget the least recently used ones, the messages published
+//     last first (see trackNew) (FUSE_NOTIFY_PRUNE,
 //     Linux 6.18); the kernel drops those nobody uses and sends FORGET,
 //     and go-fuse frees the node. Why this notification cannot wedge a
 //     killed daemon the way entry invalidations did: docs/fusefs.md.
@@ -30,8 +31,11 @@ import (
 //     with ENOSPC until it is back under.
 
 // DefaultMaxMessageInodes is how many message inodes the kernel may keep
-// before the pruner asks it to forget some.
-const DefaultMaxMessageInodes = 1024
+// before the pruner asks it to forget some: about 3.4 MB of nodes in the
+// daemon and 4.5 MB in the kernel at most. A backlog up to that size is
+// consumed without a LOOKUP per lease (docs/performance.md: with 1024, a
+// burst of 1,500 messages cost every lease a third FUSE request).
+const DefaultMaxMessageInodes = 4096
 
 // Memory levels, as fractions of the budget, in percent: at shedPct the
 // daemon sheds its caches and prunes down to a small set of inodes; at
@@ -60,13 +64,31 @@ type lruLinks struct {
 }
 
 // track puts n at the most recently used end.
-func (f *FS) track(n *msgNode) {
+func (f *FS) track(n *msgNode) { f.put(n, false) }
+
+// trackNew puts n, the file of a message being published, at the least
+// recently used end: past the limit, the messages published last are
+// forgotten first. A queue is consumed oldest first, so those are the
+// ones its consumers name last; forgetting the oldest instead, as plain
+// LRU order would, forgets each message just before its lease needs it,
+// and every lease of a backlog larger than the limit then costs a
+// LOOKUP. A node looked up, or found again (track), goes to the recently
+// used end as before.
+func (f *FS) trackNew(n *msgNode) { f.put(n, true) }
+
+// put moves n to one end of the list (the least recently used one if
+// first) and wakes the pruner when the list is past the limit.
+func (f *FS) put(n *msgNode, first bool) {
 	l := &f.lru
 	l.mu.Lock()
 	if n.lru.in {
 		l.unlinkLocked(n)
 	}
-	l.pushLocked(n)
+	if first {
+		l.pushFrontLocked(n)
+	} else {
+		l.pushLocked(n)
+	}
 	over := l.n > f.inodeLimit()
 	l.mu.Unlock()
 	if over {
@@ -95,6 +117,17 @@ func (l *nodeLRU) pushLocked(n *msgNode) {
 		l.head = n
 	}
 	l.tail = n
+	l.n++
+}
+
+func (l *nodeLRU) pushFrontLocked(n *msgNode) {
+	n.lru.prev, n.lru.next, n.lru.in, n.lru.stale = nil, l.head, true, false
+	if l.head != nil {
+		l.head.lru.prev = n
+	} else {
+		l.tail = n
+	}
+	l.head = n
 	l.n++
 }
 

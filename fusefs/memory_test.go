@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -61,6 +62,47 @@ func TestPrunerBoundsMessageInodes(t *testing.T) {
 			t.Errorf("archived = %v, want %d", a, n)
 		}
 		waitInodes(t, d, limit)
+	})
+}
+
+// Past the limit the messages published last are forgotten first: a
+// queue is consumed oldest first, so the leases of the oldest messages of
+// a backlog find the names the kernel kept from their CREATE and cost no
+// LOOKUP of their source (memory.go, trackNew). Forgetting the oldest
+// first, as plain LRU order does, cost every lease of such a backlog a
+// LOOKUP. Counted in the daemon's request log.
+func TestPrunerForgetsNewestPublishesFirst(t *testing.T) {
+	// The pruner keeps the oldest three quarters of the limit (48) and,
+	// after its last run, whatever came since: m100 is forgotten.
+	const n, limit, oldest, forgotten = 200, 64, 40, 100
+	eachBackend(t, testenv.DaemonOptions{Sync: "normal", Args: []string{
+		"--max-message-inodes", strconv.Itoa(limit),
+		"--cache-timeout", "60s", // only the pruner may make the kernel forget a name
+		"--debug",
+	}}, func(t *testing.T, d *testenv.Daemon) {
+		q := mkq(t, d, "q", "")
+		testenv.MustSh(t, q, `i=0; while [ $i -lt `+strconv.Itoa(n)+` ]; do i=$((i+1)); echo "body $i" > inbox/m$i; done`)
+		waitInodes(t, d, limit)
+		mark := len(d.Log())
+		testenv.MustSh(t, q, `i=0; while [ $i -lt `+strconv.Itoa(oldest)+` ]; do i=$((i+1)); mv inbox/m$i processing/; done; mv inbox/m`+strconv.Itoa(forgotten)+` processing/`)
+		lookups := map[string]int{}
+		re := regexp.MustCompile(`rx \d+: LOOKUP n\d+ +"(m\d+)"`)
+		for _, m := range re.FindAllStringSubmatch(d.Log()[mark:], -1) {
+			lookups[m[1]]++
+		}
+		// A lease looks its target up (always: a rename target is never
+		// taken from the cache), and its source only if it was forgotten.
+		for i := 1; i <= oldest; i++ {
+			if got := lookups["m"+strconv.Itoa(i)]; got != 1 {
+				t.Errorf("mv inbox/m%d processing/: %d LOOKUPs of m%d, want 1 (the target's)", i, got, i)
+			}
+		}
+		if got := lookups["m"+strconv.Itoa(forgotten)]; got != 2 {
+			t.Errorf("mv inbox/m%d processing/ (published later, forgotten): %d LOOKUPs, want 2", forgotten, got)
+		}
+		if r := stat(t, q, "inflight"); int(r) != oldest+1 {
+			t.Errorf("inflight = %v, want %d", r, oldest+1)
+		}
 	})
 }
 

@@ -153,7 +153,7 @@ func (d *stateDir) Create(ctx context.Context, name string, flags uint32, mode u
 		out.SetEntryTimeout(uncachedEntry)
 	}
 	ino := d.NewInode(ctx, n, fs.StableAttr{Mode: syscall.S_IFREG, Ino: msgIno(n.id)})
-	d.fsys.track(n)
+	d.fsys.trackNew(n)
 	return ino, &writeHandle{}, fuse.FOPEN_DIRECT_IO, 0
 }
 
