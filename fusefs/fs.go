@@ -29,6 +29,17 @@ type Options struct {
 	// this time, and every operation is checked again by the daemon.
 	// Names found missing are never cached.
 	EntryTimeout, AttrTimeout time.Duration
+	// NameTimeout is how long the kernel may keep the name of a message
+	// it looked up or published. It can be longer than EntryTimeout
+	// because nothing is answered from a kept name alone: a stat asks
+	// for the attributes once AttrTimeout has passed and gets ESTALE (so
+	// the kernel looks the name up again) if the message is no longer
+	// there, an open is checked the same way, a rename or an unlink names
+	// the message by directory and name, and an exclusive create always
+	// looks the name up. What a longer one saves is the LOOKUP of the
+	// source of each lease of a message published more than EntryTimeout
+	// before (docs/performance.md).
+	NameTimeout time.Duration
 	// MaxNextReaders caps the .next reads blocked at once; past it a read
 	// fails with EBUSY. MaxNextReadersPerUID and MaxNextReadersPerQueue
 	// cap them per caller uid and per queue (EBUSY too), so that one user
@@ -60,6 +71,7 @@ func DefaultOptions() Options {
 	return Options{
 		EntryTimeout:           time.Second,
 		AttrTimeout:            time.Second,
+		NameTimeout:            10 * time.Second,
 		MaxNextReaders:         1024,
 		MaxNextReadersPerUID:   256,
 		MaxNextReadersPerQueue: 512,
@@ -139,7 +151,7 @@ func New(opts Options) *FS {
 		started: time.Now(),
 	}
 	f.lru.kick = make(chan struct{}, 1)
-	f.successors.ttl = 2*max(opts.EntryTimeout, opts.AttrTimeout) + time.Second
+	f.successors.ttl = 2*max(opts.EntryTimeout, opts.NameTimeout, opts.AttrTimeout) + time.Second
 	f.root = &rootNode{fsys: f}
 	return f
 }

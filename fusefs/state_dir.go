@@ -70,10 +70,12 @@ func (d *stateDir) messageInode(ctx context.Context, m queuecore.Message, out *f
 	if c := d.GetChild(m.Name); c != nil {
 		if old, ok := c.Operations().(*msgNode); ok && c.StableAttr().Ino == ino && old.gen == gen {
 			d.fsys.track(old) // the node the kernel had: recently used again
+			out.SetEntryTimeout(d.fsys.opts.NameTimeout)
 			return c
 		}
 	}
 	n.gen = gen
+	out.SetEntryTimeout(d.fsys.opts.NameTimeout)
 	in := d.NewInode(ctx, n, fs.StableAttr{Mode: syscall.S_IFREG, Ino: ino, Gen: gen})
 	d.fsys.track(n)
 	return in
@@ -151,6 +153,8 @@ func (d *stateDir) Create(ctx context.Context, name string, flags uint32, mode u
 		// A draft or an editor's temporary file is not published at its
 		// close: the kernel must not keep the name (mount.go).
 		out.SetEntryTimeout(uncachedEntry)
+	} else {
+		out.SetEntryTimeout(d.fsys.opts.NameTimeout)
 	}
 	ino := d.NewInode(ctx, n, fs.StableAttr{Mode: syscall.S_IFREG, Ino: msgIno(n.id)})
 	d.fsys.trackNew(n)

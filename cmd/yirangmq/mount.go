@@ -27,6 +27,10 @@ import (
 // "ready\n" once the mount serves; --daemon and the test harness use it.
 const readyFDEnv = "YIRANGMQ_READY_FD"
 
+// nameTimeoutFactor is how many times --cache-timeout the kernel may keep
+// the name of a message (fusefs.Options.NameTimeout): 10 s by default.
+const nameTimeoutFactor = 10
+
 type mountFlags struct {
 	backend, store, sync, logFormat string
 	logFile                         string
@@ -60,7 +64,7 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	fl.StringVar(&f.minFree, "min-free", "auto", "free space to keep on the store's filesystem: below it publishes fail with ENOSPC, consumers go on (SIZE like 64M, 0 for none; auto: a tenth of the filesystem, 2M to 64M)")
 	fl.StringVar(&f.logMaxSize, "log-max-size", "10M", "with --log-file: move the log to FILE.1 at this size (0: never, for logrotate)")
 	fl.BoolVar(&f.debug, "debug", false, "log every FUSE request")
-	fl.DurationVar(&f.entryTimeout, "cache-timeout", time.Second, "how long the kernel may cache names and attributes")
+	fl.DurationVar(&f.entryTimeout, "cache-timeout", time.Second, "how long the kernel may cache attributes and the names of directories (the names of messages: 10 times as long, every use checked by the daemon)")
 	lim := fusefs.DefaultOptions()
 	fl.IntVar(&f.nextReaders, "max-next-readers", lim.MaxNextReaders, "blocked .next reads at once, in all (past it: EBUSY)")
 	fl.IntVar(&f.nextReadersPerUID, "max-next-readers-per-uid", lim.MaxNextReadersPerUID, "blocked .next reads at once per caller uid")
@@ -182,6 +186,7 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	opts := fusefs.DefaultOptions()
 	opts.AllowOther, opts.Debug, opts.Logger = allowOther, f.debug, log
 	opts.EntryTimeout, opts.AttrTimeout = f.entryTimeout, f.entryTimeout
+	opts.NameTimeout = nameTimeoutFactor * f.entryTimeout
 	opts.MaxNextReaders, opts.MaxNextReadersPerUID, opts.MaxNextReadersPerQueue = f.nextReaders, f.nextReadersPerUID, f.nextReadersPerQueue
 	opts.MaxDraftBytes, opts.MaxDraftBytesPerUID = f.draftMiB<<20, f.draftMiBPerUID<<20
 	shown := displayStore(f.backend, f.store)
