@@ -353,9 +353,21 @@ func (n *msgNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAtt
 		n.fsys.log.Warn("truncate refused: committed messages are immutable", logQueue, n.queue, logName, name)
 		return errnoOf(queuecore.ErrImmutable)
 	}
-	m, err := n.current(ctx)
-	if err != nil {
-		return errnoOf(err)
+	var m queuecore.Message
+	if fh == nil {
+		// By name: as for a stat, a name the kernel kept from before the
+		// message moved away is ESTALE, and the kernel looks it up again
+		// and retries (utimensat, chmod and chown do), so a touch of a
+		// stale inbox/X cannot extend the lease someone else took of X.
+		var errno syscall.Errno
+		if m, errno = n.here(ctx); errno != 0 {
+			return errno
+		}
+	} else {
+		var err error
+		if m, err = n.current(ctx); err != nil {
+			return errnoOf(err)
+		}
 	}
 	uid, hasUID := in.GetUID()
 	gid, hasGID := in.GetGID()
@@ -368,10 +380,11 @@ func (n *msgNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAtt
 		if hasMtime && in.Valid&fuse.FATTR_MTIME_NOW == 0 {
 			deadline = mtime
 		}
-		m, err = n.fsys.core.Extend(ctx, n.queue, name, deadline)
+		extended, err := n.fsys.core.Extend(ctx, n.queue, name, deadline)
 		if err != nil {
 			return errnoOf(err)
 		}
+		m = extended
 	}
 	// Anything else (a mode, the owner it has, the times of a message
 	// not leased) is accepted and changes nothing.

@@ -71,3 +71,29 @@ func TestKeptCreateName(t *testing.T) {
 		`)
 	})
 }
+
+// touch by a name the kernel kept from before a .next lease moved the
+// message behind its back reaches the daemon as a SETATTR of the old
+// inode. It must answer as a fresh lookup would (no inbox/T any more),
+// not extend the lease the .next reader holds on processing/T.
+func TestTouchOfKeptNameAfterMove(t *testing.T) {
+	eachBackend(t, testenv.DaemonOptions{Sync: "normal", Args: []string{"--cache-timeout", "60s"}}, func(t *testing.T, d *testenv.Daemon) {
+		q := mkq(t, d, "q", `{"visibilityTimeoutSec": 60}`)
+		testenv.MustSh(t, q, `
+			echo x > inbox/T
+			stat inbox/T > /dev/null          # the kernel keeps the name and its attributes
+			m=$(cat .next)
+			test "$m" = processing/T
+			later=$(( $(date +%s) + 3600 ))
+			touch -c -d @$later inbox/T       # -c: no such file is not an error
+			test ! -e inbox/T
+			deadline=$(stat -c %Y processing/T)
+			if [ "$deadline" -ge "$later" ]; then
+				echo "touch of the kept inbox/T extended the lease of processing/T to $deadline" >&2
+				exit 1
+			fi
+			touch -c -d @$later processing/T  # the holder's own touch does
+			test "$(stat -c %Y processing/T)" -eq "$later"
+		`)
+	})
+}
