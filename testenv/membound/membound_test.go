@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"yirangmq/fusefs"
 	"yirangmq/testenv"
 )
 
@@ -208,7 +209,7 @@ func checkAlive(t *testing.T, d *testenv.Daemon, cg *Cgroup, limit int64) {
 }
 
 // maxMessageInodes is the daemon's default --max-message-inodes.
-const maxMessageInodes = 1024
+const maxMessageInodes = fusefs.DefaultMaxMessageInodes
 
 // waitMessageInodes waits up to 15 s for the daemon to hold at most limit
 // message inodes (MOUNT/.metrics), and returns how many it holds.
