@@ -100,6 +100,11 @@ type successors struct {
 	mu  sync.Mutex
 	ttl time.Duration
 	m   map[uint64]successor
+	// order is the keys of m in the order they were added (their at
+	// grows along it), so that expired ones are dropped from its front
+	// and an add costs O(1), however many renames happened within ttl
+	// (it scanned the whole map before).
+	order []successorKey
 }
 
 type successor struct {
@@ -108,17 +113,28 @@ type successor struct {
 	at    time.Time
 }
 
+type successorKey struct {
+	old uint64
+	at  time.Time
+}
+
 func (s *successors) add(old uint64, queue string, id uint64, now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.m == nil {
 		s.m = map[uint64]successor{}
 	}
-	for k, v := range s.m {
-		if now.Sub(v.at) > s.ttl {
-			delete(s.m, k)
+	drop := 0
+	for _, k := range s.order {
+		if now.Sub(k.at) <= s.ttl {
+			break
 		}
+		if v, ok := s.m[k.old]; ok && v.at.Equal(k.at) {
+			delete(s.m, k.old) // not added again since
+		}
+		drop++
 	}
+	s.order = append(s.order[drop:], successorKey{old, now})
 	s.m[old] = successor{queue: queue, id: id, at: now}
 }
 
