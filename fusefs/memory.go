@@ -249,7 +249,7 @@ func (f *FS) pruneCandidates(limit int) []*fs.Inode {
 	nodes := make([]*fs.Inode, 0, len(picked))
 	for _, n := range picked {
 		n.mu.Lock()
-		writing := n.pend != nil
+		writing := n.pend != nil && !n.pend.done // a refused or deduplicated file is settled: it may go
 		n.mu.Unlock()
 		if writing {
 			continue

@@ -355,12 +355,23 @@ func (n *msgNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAtt
 	}
 	var m queuecore.Message
 	if fh == nil {
-		// By name: as for a stat, a name the kernel kept from before the
-		// message moved away is ESTALE, and the kernel looks it up again
-		// and retries (utimensat, chmod and chown do), so a touch of a
-		// stale inbox/X cannot extend the lease someone else took of X.
+		// Without a file handle (by path, and also fchmod and futimens,
+		// which the kernel sends without one): the name the kernel kept
+		// may be from before the message moved away. Then nothing is
+		// changed, so a touch of a stale inbox/X cannot extend the lease
+		// someone else took of X, and the call succeeds, so a tool that
+		// sets the times or mode after its close (shutil.copy2, os.Chtimes)
+		// does not fail after its message was published and leased at
+		// once or delayed. A message gone altogether is ESTALE: the kernel
+		// looks the name up again and retries, as for a stat.
 		var errno syscall.Errno
-		if m, errno = n.here(ctx); errno != 0 {
+		m, errno = n.here(ctx)
+		if errno == syscall.ESTALE && m.ID != 0 {
+			fillMessage(&out.Attr, m)
+			out.SetTimeout(uncachedEntry) // see uncachedCreates
+			return 0
+		}
+		if errno != 0 {
 			return errno
 		}
 	} else {

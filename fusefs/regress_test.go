@@ -1,6 +1,8 @@
 package fusefs_test
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 
 	"yirangmq/testenv"
@@ -80,6 +82,7 @@ func TestTouchOfKeptNameAfterMove(t *testing.T) {
 	eachBackend(t, testenv.DaemonOptions{Sync: "normal", Args: []string{"--cache-timeout", "60s"}}, func(t *testing.T, d *testenv.Daemon) {
 		q := mkq(t, d, "q", `{"visibilityTimeoutSec": 60}`)
 		testenv.MustSh(t, q, `
+			set -e
 			echo x > inbox/T
 			stat inbox/T > /dev/null          # the kernel keeps the name and its attributes
 			m=$(cat .next)
@@ -95,5 +98,25 @@ func TestTouchOfKeptNameAfterMove(t *testing.T) {
 			touch -c -d @$later processing/T  # the holder's own touch does
 			test "$(stat -c %Y processing/T)" -eq "$later"
 		`)
+	})
+}
+
+// A tool that sets the times and mode of its file by path after the
+// close (shutil.copy2) must not fail when the commit put the message
+// somewhere else (a delay in its envelope) or a consumer leased it at
+// once: its message was published, and a reported failure would make a
+// retry publish it twice. The SETATTR through the kept name changes
+// nothing then, and succeeds.
+func TestCopyStatAfterCommitMovedIt(t *testing.T) {
+	eachBackend(t, testenv.DaemonOptions{}, func(t *testing.T, d *testenv.Daemon) {
+		q := mkq(t, d, "q", `{"format": "envelope"}`)
+		src := filepath.Join(t.TempDir(), "src")
+		if err := os.WriteFile(src, []byte(`{"attributes": {"delaySec": 30}, "payload": "later"}`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		testenv.MustSh(t, q, `set -e
+			python3 -c 'import shutil, sys; shutil.copy2(sys.argv[1], "inbox/D")' `+src+`
+			test -f delayed/D
+			test ! -e inbox/D`)
 	})
 }

@@ -178,9 +178,12 @@ func (n *msgNode) Setxattr(ctx context.Context, attr string, data []byte, flags 
 	}
 	name := n.name
 	n.mu.Unlock()
-	m, err := n.current(ctx)
-	if err != nil {
-		return errnoOf(err)
+	// By a name the kernel kept from before the message moved away:
+	// ESTALE, and a setxattr by path is retried after a fresh lookup, so
+	// a reason cannot land on the lease someone else took of the message.
+	m, errno := n.here(ctx)
+	if errno != 0 {
+		return errno
 	}
 	if m.State != queuecore.StateLeased || (key != "reason" && key != "reason_message") {
 		return syscall.EPERM
