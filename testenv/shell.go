@@ -17,10 +17,13 @@ type Result struct {
 	Code           int // exit status; -1 if killed by a signal
 }
 
-// Sh runs a shell script with sh -c in dir, as a user of the mount would.
+// Sh runs a shell script with sh -e -c in dir, as a user of the mount
+// would. -e: a command of a multi-line script that fails ends it with its
+// status, so a script's checks (test ..., cmp ...) all count, not only
+// its last line; a command that may fail says so (|| true, if).
 func Sh(t testing.TB, dir, script string) Result {
 	t.Helper()
-	cmd := exec.Command("sh", "-c", script)
+	cmd := exec.Command("sh", "-e", "-c", script)
 	cmd.Dir = dir
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
