@@ -31,12 +31,14 @@ type Options struct {
 	EntryTimeout, AttrTimeout time.Duration
 	// NameTimeout is how long the kernel may keep the name of a message
 	// it looked up or published. It can be longer than EntryTimeout
-	// because nothing is answered from a kept name alone: a stat asks
-	// for the attributes once AttrTimeout has passed and gets ESTALE (so
-	// the kernel looks the name up again) if the message is no longer
-	// there, an open is checked the same way, a rename or an unlink names
-	// the message by directory and name, and an exclusive create always
-	// looks the name up. What a longer one saves is the LOOKUP of the
+	// because every use of a kept name that changes something is checked
+	// by the daemon: a stat asks for the attributes once AttrTimeout has
+	// passed and gets ESTALE (so the kernel looks the name up again) if
+	// the message is no longer there, an open is checked the same way, a
+	// touch, chmod or chown through it changes nothing, a rename or an
+	// unlink names the message by directory and name, and an exclusive
+	// create always looks the name up. Some reads are not checked
+	// (docs/fusefs.md). What a longer one saves is the LOOKUP of the
 	// source of each lease of a message published more than EntryTimeout
 	// before (docs/performance.md).
 	NameTimeout time.Duration
