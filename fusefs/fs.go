@@ -68,12 +68,17 @@ type Options struct {
 	Debug        bool
 }
 
+// NameTimeoutFactor is how many times EntryTimeout the names of messages
+// are kept by default (Options.NameTimeout; `yirangmq mount` keeps it
+// with any --cache-timeout).
+const NameTimeoutFactor = 10
+
 // DefaultOptions are the options of `yirangmq mount` without flags.
 func DefaultOptions() Options {
 	return Options{
 		EntryTimeout:           time.Second,
 		AttrTimeout:            time.Second,
-		NameTimeout:            10 * time.Second,
+		NameTimeout:            NameTimeoutFactor * time.Second,
 		MaxNextReaders:         1024,
 		MaxNextReadersPerUID:   256,
 		MaxNextReadersPerQueue: 512,

@@ -84,11 +84,7 @@ func (f *FS) put(n *msgNode, first bool) {
 	if n.lru.in {
 		l.unlinkLocked(n)
 	}
-	if first {
-		l.pushFrontLocked(n)
-	} else {
-		l.pushLocked(n)
-	}
+	l.pushLocked(n, first)
 	over := l.n > f.inodeLimit()
 	l.mu.Unlock()
 	if over {
@@ -109,25 +105,22 @@ func (f *FS) untrack(n *msgNode) {
 	l.mu.Unlock()
 }
 
-func (l *nodeLRU) pushLocked(n *msgNode) {
-	n.lru.prev, n.lru.next, n.lru.in, n.lru.stale = l.tail, nil, true, false
-	if l.tail != nil {
-		l.tail.lru.next = n
-	} else {
-		l.head = n
-	}
-	l.tail = n
-	l.n++
-}
-
-func (l *nodeLRU) pushFrontLocked(n *msgNode) {
-	n.lru.prev, n.lru.next, n.lru.in, n.lru.stale = nil, l.head, true, false
-	if l.head != nil {
+// pushLocked puts n at the recently used end of the list, or at the
+// least recently used end (the one the pruner takes from) if first.
+func (l *nodeLRU) pushLocked(n *msgNode, first bool) {
+	n.lru = lruLinks{in: true}
+	switch {
+	case l.head == nil:
+		l.head, l.tail = n, n
+	case first:
+		n.lru.next = l.head
 		l.head.lru.prev = n
-	} else {
+		l.head = n
+	default:
+		n.lru.prev = l.tail
+		l.tail.lru.next = n
 		l.tail = n
 	}
-	l.head = n
 	l.n++
 }
 
@@ -242,7 +235,7 @@ func (f *FS) pruneCandidates(limit int) []*fs.Inode {
 		if stale {
 			continue // forgotten by go-fuse without a FORGET (see below)
 		}
-		l.pushLocked(n)
+		l.pushLocked(n, false)
 		picked = append(picked, n)
 	}
 	l.mu.Unlock()

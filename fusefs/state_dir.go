@@ -67,15 +67,14 @@ func (d *stateDir) messageInode(ctx context.Context, m queuecore.Message, out *f
 	// did not put it (see placements.go).
 	gen := d.fsys.placements.lookedUp(m.ID, d.state)
 	ino := msgIno(m.ID)
+	out.SetEntryTimeout(d.fsys.opts.NameTimeout)
 	if c := d.GetChild(m.Name); c != nil {
 		if old, ok := c.Operations().(*msgNode); ok && c.StableAttr().Ino == ino && old.gen == gen {
 			d.fsys.track(old) // the node the kernel had: recently used again
-			out.SetEntryTimeout(d.fsys.opts.NameTimeout)
 			return c
 		}
 	}
 	n.gen = gen
-	out.SetEntryTimeout(d.fsys.opts.NameTimeout)
 	in := d.NewInode(ctx, n, fs.StableAttr{Mode: syscall.S_IFREG, Ino: ino, Gen: gen})
 	d.fsys.track(n)
 	return in

@@ -27,10 +27,6 @@ import (
 // "ready\n" once the mount serves; --daemon and the test harness use it.
 const readyFDEnv = "YIRANGMQ_READY_FD"
 
-// nameTimeoutFactor is how many times --cache-timeout the kernel may keep
-// the name of a message (fusefs.Options.NameTimeout): 10 s by default.
-const nameTimeoutFactor = 10
-
 type mountFlags struct {
 	backend, store, sync, logFormat string
 	logFile                         string
@@ -186,7 +182,7 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	opts := fusefs.DefaultOptions()
 	opts.AllowOther, opts.Debug, opts.Logger = allowOther, f.debug, log
 	opts.EntryTimeout, opts.AttrTimeout = f.entryTimeout, f.entryTimeout
-	opts.NameTimeout = nameTimeoutFactor * f.entryTimeout
+	opts.NameTimeout = fusefs.NameTimeoutFactor * f.entryTimeout
 	opts.MaxNextReaders, opts.MaxNextReadersPerUID, opts.MaxNextReadersPerQueue = f.nextReaders, f.nextReadersPerUID, f.nextReadersPerQueue
 	opts.MaxDraftBytes, opts.MaxDraftBytesPerUID = f.draftMiB<<20, f.draftMiBPerUID<<20
 	shown := displayStore(f.backend, f.store)
