@@ -350,6 +350,16 @@ func (n *msgNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAtt
 	n.mu.Unlock()
 	mtime, hasMtime := in.GetMTime()
 	if _, hasSize := in.GetSize(); hasSize {
+		if fh == nil {
+			// truncate(2) by a name the kernel kept from before the
+			// message moved away or went: ESTALE makes the kernel look
+			// the name up again and retry, so the caller gets what a
+			// fresh lookup gives (ENOENT), not EPERM for another
+			// directory's message.
+			if _, errno := n.here(ctx); errno != 0 {
+				return errno
+			}
+		}
 		n.fsys.log.Warn("truncate refused: committed messages are immutable", logQueue, n.queue, logName, name)
 		return errnoOf(queuecore.ErrImmutable)
 	}

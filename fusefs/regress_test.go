@@ -87,16 +87,24 @@ func TestTouchOfKeptNameAfterMove(t *testing.T) {
 			stat inbox/T > /dev/null          # the kernel keeps the name and its attributes
 			m=$(cat .next)
 			test "$m" = processing/T
+			# truncate(2) by the kept name: no such file, as after a fresh
+			# lookup (not EPERM for the message now in processing/)
+			err=$(python3 -c 'import os; os.truncate("inbox/T", 0)' 2>&1) && exit 1
+			case "$err" in *FileNotFoundError*) ;; *) echo "truncate of the kept inbox/T: $err" >&2; exit 1;; esac
+			python3 -c 'import os; os.truncate("processing/T", 0)' 2>&1 | grep -q PermissionError
+			echo x > inbox/T2
+			stat inbox/T2 > /dev/null
+			test "$(cat .next)" = processing/T2
 			later=$(( $(date +%s) + 3600 ))
-			touch -c -d @$later inbox/T       # -c: no such file is not an error
-			test ! -e inbox/T
-			deadline=$(stat -c %Y processing/T)
+			touch -c -d @$later inbox/T2      # -c: no such file is not an error
+			test ! -e inbox/T2
+			deadline=$(stat -c %Y processing/T2)
 			if [ "$deadline" -ge "$later" ]; then
-				echo "touch of the kept inbox/T extended the lease of processing/T to $deadline" >&2
+				echo "touch of the kept inbox/T2 extended the lease of processing/T2 to $deadline" >&2
 				exit 1
 			fi
-			touch -c -d @$later processing/T  # the holder's own touch does
-			test "$(stat -c %Y processing/T)" -eq "$later"
+			touch -c -d @$later processing/T2 # the holder's own touch does
+			test "$(stat -c %Y processing/T2)" -eq "$later"
 		`)
 	})
 }
