@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"yirangmq/backends"
 	"yirangmq/queuecore"
 )
 
@@ -233,22 +234,66 @@ func (s *Store) waitDurable(pos int64) error {
 	if err := s.failure(); err != nil {
 		return fmt.Errorf("fs store %s failed earlier: %w", s.dir, err)
 	}
-	// Load written before cur: a rotation syncs the old journal before it
-	// publishes the new one, so if target reaches into the new journal we
-	// see the new one here, and if we see the old one it holds all of target.
+	// Load written before cur: a rotation publishes the new journal before
+	// a record is written to it, so if target reaches into the new journal
+	// we see the new one here, and if we see the old one it holds all of
+	// target.
 	target := s.written.Load()
 	j := s.cur.Load()
-	err := s.fdatasync(j.f)
-	s.fsyncs.Add(1)
-	if err != nil {
-		err = fmt.Errorf("fdatasync journal: %w", err)
-		s.mu.Lock()
-		s.failLocked(err)
-		s.mu.Unlock()
+	if err := s.syncRotationLocked(j); err != nil {
+		return err
+	}
+	if err := s.syncedOrFail(s.fdatasync(j.f), "fdatasync journal"); err != nil {
 		return err
 	}
 	storeMax(&s.synced, target)
 	return nil
+}
+
+// syncRotation makes what the last rotation left unsynced durable: see
+// syncRotationLocked. The checkpoint calls it before it closes the old
+// journal.
+func (s *Store) syncRotation() error {
+	s.syncMu.Lock()
+	defer s.syncMu.Unlock()
+	if err := s.failure(); err != nil {
+		return fmt.Errorf("fs store %s failed earlier: %w", s.dir, err)
+	}
+	return s.syncRotationLocked(s.cur.Load())
+}
+
+// syncRotationLocked is the first sync after a rotation (rotateLocked),
+// if j is the journal it started: the old journal's tail, then the
+// directory, which holds the names journal.old and journal. syncMu is
+// held.
+func (s *Store) syncRotationLocked(j *journal) error {
+	p := j.prev
+	if p == nil {
+		return nil
+	}
+	if err := s.syncedOrFail(s.fdatasync(p.f), "fdatasync old journal"); err != nil {
+		return err
+	}
+	if err := s.syncedOrFail(backends.SyncDir(s.dir), "sync store directory after a journal rotation"); err != nil {
+		return err
+	}
+	j.prev = nil
+	storeMax(&s.synced, p.end())
+	return nil
+}
+
+// syncedOrFail counts a sync and fails the store if it failed. syncMu is
+// held.
+func (s *Store) syncedOrFail(err error, what string) error {
+	s.fsyncs.Add(1)
+	if err == nil {
+		return nil
+	}
+	err = fmt.Errorf("%s: %w", what, err)
+	s.mu.Lock()
+	s.failLocked(err)
+	s.mu.Unlock()
+	return err
 }
 
 // storeMax raises v to x.

@@ -84,7 +84,14 @@
 // journal takes new commits), takes a copy-on-write clone of the index,
 // finishes the file operations of the old journal, syncfs(2)s the store so
 // every body file is durable, writes the snapshot and removes journal.old.
-// Commits go on meanwhile.
+// Commits go on meanwhile: the rotation holds the store's mutex for the
+// renames only, and leaves the sync of the old journal's tail and of the
+// directory to the next sync of the journal (Store.syncRotationLocked),
+// which runs before any later record counts as durable and before the
+// checkpoint reads the old journal. Before the directories are synced,
+// every body file moved since the last checkpoint is linked at its old
+// path again, and unlinked there after, so that a power cut between the
+// fsyncs of two directories cannot leave a body in neither (dirtySet).
 //
 // # Spill
 //

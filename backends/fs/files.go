@@ -165,9 +165,13 @@ func (s *Store) doFileOp(op *fileOp) error {
 			s.log.Warn("body file to move is missing", logID, op.id, logPath, op.from)
 			return nil
 		}
+		if err == nil {
+			s.dirty.moved(op.from, op.to)
+		}
 		return err
 	case opRemove:
 		s.dirty.dir(filepath.Dir(op.from))
+		s.dirty.removed(op.from)
 		err := os.Remove(op.from)
 		if errors.Is(err, os.ErrNotExist) {
 			s.log.Warn("body file to remove is missing", logID, op.id, logPath, op.from)
@@ -312,14 +316,67 @@ func (s *Store) trashQueue(name string, lsn uint64) error {
 // published between two checkpoints does not grow memory with it: past
 // the cap only directories are noted, and sync fsyncs every file of them
 // (unless syncfs(2) did the work already).
+//
+// It also remembers where each body file moved since then came from
+// (moves: its path now → its path at the last sync). A rename between two
+// directories is made durable by two fsyncs, one per directory, and a
+// power cut between them can leave the file in neither: the source's
+// loss of the name durable, the target's gain of it not (a file system
+// that does not journal the rename as one change, as the power-cut test's
+// does not). The body of a message published before the last checkpoint
+// is in no journal any more, so it would be lost. So sync links each
+// moved file at its old path again before it syncs any directory, and
+// unlinks it there only once every directory is synced: at every moment
+// the file has a durable name. A cut between leaves an extra name at the
+// old path, which the journal (not yet replaced by the snapshot) touched,
+// so Open removes it.
 type dirtySet struct {
 	mu       sync.Mutex
 	files    map[string]struct{}
 	dirs     map[string]struct{}
-	overflow bool // more than maxDirtyFiles files: every file in dirs is dirty
+	overflow bool              // more than maxDirtyFiles files: every file in dirs is dirty
+	moves    map[string]string // path now → path at the last sync
 }
 
 const maxDirtyFiles = 8192
+
+// maxDirtyMoves is the number of moves past which a checkpoint starts
+// whatever the journal's size (about 200 bytes of memory a move), so
+// that the moves map stays bounded.
+const maxDirtyMoves = 32768
+
+// moved notes a rename of a body file from one path to another.
+func (d *dirtySet) moved(from, to string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.moves == nil {
+		d.moves = map[string]string{}
+	}
+	origin, ok := d.moves[from]
+	if ok {
+		delete(d.moves, from)
+	} else {
+		origin = from
+	}
+	if origin != to {
+		d.moves[to] = origin
+	}
+}
+
+// removed notes the removal of a body file: a deleted message's file
+// needs no name kept.
+func (d *dirtySet) removed(path string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.moves, path)
+}
+
+// manyMoves says whether a checkpoint should start for the moves alone.
+func (d *dirtySet) manyMoves() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.moves) >= maxDirtyMoves
+}
 
 // file notes a body file written or moved to path, and its directory.
 func (d *dirtySet) file(path string) {
@@ -355,10 +412,12 @@ func (d *dirtySet) dir(dirs ...string) {
 // places are noted too. On failure the set is kept for the next try.
 // After an overflow, every file of the noted directories is synced,
 // unless syncfsOK says a syncfs(2) of the store did it.
+//
+// The caller holds Store.fileMu: no body file moves while it runs.
 func (d *dirtySet) sync(syncfsOK bool) error {
 	d.mu.Lock()
-	files, dirs, overflow := d.files, d.dirs, d.overflow
-	d.files, d.dirs, d.overflow = nil, nil, false
+	files, dirs, overflow, moves := d.files, d.dirs, d.overflow, d.moves
+	d.files, d.dirs, d.overflow, d.moves = nil, nil, false, nil
 	d.mu.Unlock()
 	restore := func() {
 		for f := range files {
@@ -367,12 +426,53 @@ func (d *dirtySet) sync(syncfsOK bool) error {
 		for x := range dirs {
 			d.dir(x)
 		}
+		d.mu.Lock()
 		if overflow {
-			d.mu.Lock()
 			d.overflow = true
-			d.mu.Unlock()
+		}
+		for now, origin := range moves {
+			if d.moves == nil {
+				d.moves = map[string]string{}
+			}
+			if _, ok := d.moves[now]; !ok {
+				d.moves[now] = origin
+			}
+		}
+		d.mu.Unlock()
+	}
+	// A name at the old path of every moved file, first (see dirtySet).
+	// The old path may hold another file by now (a new message under the
+	// same name): that file keeps it.
+	var relinked []string
+	for now, origin := range moves {
+		err := unix.Link(now, origin)
+		switch {
+		case err == nil:
+			relinked = append(relinked, origin)
+		case err == unix.EEXIST || err == unix.ENOENT:
+		default:
+			for _, p := range relinked {
+				_ = unix.Unlink(p)
+			}
+			restore()
+			return fmt.Errorf("link %s at its old path %s: %w", now, origin, err)
 		}
 	}
+	defer func() {
+		// Drop the extra names, and make that durable; on an error the
+		// next checkpoint or Open does.
+		oldDirs := map[string]struct{}{}
+		for _, p := range relinked {
+			if err := unix.Unlink(p); err == nil {
+				oldDirs[filepath.Dir(p)] = struct{}{}
+			}
+		}
+		for x := range oldDirs {
+			if err := fsyncPath(x); err != nil {
+				d.dir(x)
+			}
+		}
+	}()
 	if overflow && !syncfsOK {
 		for x := range dirs {
 			if err := fsyncFilesIn(x); err != nil {

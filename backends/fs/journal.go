@@ -40,6 +40,13 @@ type journal struct {
 	base   int64
 	size   int64 // bytes of records
 	zeroed int64 // bytes of the file: records, then zeros
+
+	// prev, in SyncFull and SyncStrict, is the journal this one replaced
+	// while its tail and the store directory (the names journal.old and
+	// journal) are not synced yet: the rotation leaves both to the next
+	// sync (Store.syncRotationLocked), which clears it. Guarded by
+	// Store.syncMu.
+	prev *journal
 }
 
 func (j *journal) end() int64 { return j.base + j.size }

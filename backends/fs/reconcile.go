@@ -329,6 +329,7 @@ func (r *reconciler) resolve() error {
 			if err := renameMkdir(x.path, p); err != nil {
 				return err
 			}
+			s.dirty.moved(x.path, p)
 			r.moved++
 			r.logf(r.moved, "moved a body to where its message is", logID, e.id, logFrom, x.path, logTo, p)
 			continue
@@ -355,6 +356,7 @@ func (r *reconciler) resolve() error {
 			if err := renameMkdir(x.path, p); err != nil {
 				return err
 			}
+			s.dirty.moved(x.path, p)
 			r.moved++
 			r.logf(r.moved, "moved a body to where its message is", logID, e.id, logFrom, x.path, logTo, p)
 			continue

