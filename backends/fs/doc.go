@@ -91,7 +91,9 @@
 // checkpoint reads the old journal. Before the directories are synced,
 // every body file moved since the last checkpoint is linked at its old
 // path again, and unlinked there after, so that a power cut between the
-// fsyncs of two directories cannot leave a body in neither (dirtySet).
+// fsyncs of two directories cannot leave a body in neither (dirtySet). In
+// SyncNormal, where file operations do not wait for a sync, the journals
+// are synced before the directories (syncTree).
 //
 // # Spill
 //

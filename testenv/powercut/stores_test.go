@@ -644,15 +644,6 @@ func TestPowerCutNormalSync(t *testing.T) {
 	t.Logf("seed %d", seed)
 	for _, sc := range storeCases() {
 		t.Run(sc.store, func(t *testing.T) {
-			if sc.store == "fs-checkpoints" && os.Getenv("YIRANGMQ_POWERCUT_KNOWN_DEFECTS") == "" {
-				// A known defect, not fixed: in SyncNormal a power cut
-				// during frequent checkpoints of the fs store can leave a
-				// state that no prefix of the batches made (messages of
-				// one batch at the old place, of a later one at the new).
-				// SyncFull and SyncStrict pass. Run it with
-				// YIRANGMQ_POWERCUT_KNOWN_DEFECTS=1.
-				t.Skip("known defect: fs store, SyncNormal, power cut during checkpoints (YIRANGMQ_POWERCUT_KNOWN_DEFECTS=1 runs it)")
-			}
 			c, l := powerCutRounds(t, sc, queuecore.SyncNormal, cutsPerStore, seed)
 			t.Logf("%s normal: %d of %d committed batches lost at %d power cuts", sc.store, l, c, cutsPerStore)
 		})
