@@ -146,9 +146,20 @@ func TestDiskFloorDrain(t *testing.T) {
 			if st := testenv.MustSh(t, d.Mountpoint, testenv.Binary(t)+" status --mount ."); !strings.Contains(st, "LOW") {
 				t.Errorf("status while low:\n%s", st)
 			}
+			// Refused again while low. The daemon also reclaims space at
+			// once (the fs store checkpoints its journal, which holds every
+			// body since the last checkpoint), and may be above the floor
+			// again by now: then a publish is rightly accepted.
 			for i := 0; i < 3; i++ {
-				if got := publish(fmt.Sprintf("again%d", i)); !strings.HasSuffix(got, "=ENOSPC") {
-					t.Errorf("publish again while low: %s, want ENOSPC", got)
+				got := publish(fmt.Sprintf("again%d", i))
+				if strings.HasSuffix(got, "=ENOSPC") {
+					continue
+				}
+				if disk := daemonDisk(t, d); disk.Low || disk.FreeBytes < disk.MinFreeBytes {
+					t.Errorf("publish again while low: %s, want ENOSPC (.stats disk %+v)", got, disk)
+				} else {
+					t.Logf("publish again: %s, the daemon reclaimed space and is above the floor (%d bytes free)", got, disk.FreeBytes)
+					break
 				}
 			}
 			check("full")
