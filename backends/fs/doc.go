@@ -88,10 +88,11 @@
 // renames only, and leaves the sync of the old journal's tail and of the
 // directory to the next sync of the journal (Store.syncRotationLocked),
 // which runs before any later record counts as durable and before the
-// checkpoint reads the old journal. Before the directories are synced,
-// every body file moved since the last checkpoint is linked at its old
-// path again, and unlinked there after, so that a power cut between the
-// fsyncs of two directories cannot leave a body in neither (dirtySet). In
+// checkpoint reads the old journal. The directories are synced the
+// targets of moves first, and a body file whose move runs against that
+// order (a cycle) is linked at its old path for the time of the sync, so
+// that a power cut between the fsyncs of two directories cannot leave a
+// body in neither (dirtySet). In
 // SyncNormal, where file operations do not wait for a sync, the journals
 // are synced before the directories (syncTree).
 //

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 
@@ -324,12 +325,15 @@ func (s *Store) trashQueue(name string, lsn uint64) error {
 // loss of the name durable, the target's gain of it not (a file system
 // that does not journal the rename as one change, as the power-cut test's
 // does not). The body of a message published before the last checkpoint
-// is in no journal any more, so it would be lost. So sync links each
-// moved file at its old path again before it syncs any directory, and
-// unlinks it there only once every directory is synced: at every moment
-// the file has a durable name. A cut between leaves an extra name at the
-// old path, which the journal (not yet replaced by the snapshot) touched,
-// so Open removes it.
+// is in no journal any more, so it would be lost. So sync fsyncs the
+// directories targets first (syncOrder), and a moved file whose source
+// directory still comes first (a cycle: leases into processing/, nacks out
+// of it) is linked at its old path again before any directory is synced,
+// and unlinked there only once every one is: at every moment the file has
+// a durable name. A cut between leaves an extra name at the old path,
+// which the journal (not yet replaced by the snapshot) touched, so Open
+// removes it. (Linking every moved file cost a checkpoint of 32,768 moves
+// about 0.3 s with file operations stopped.)
 type dirtySet struct {
 	mu       sync.Mutex
 	files    map[string]struct{}
@@ -440,11 +444,18 @@ func (d *dirtySet) sync(syncfsOK bool) error {
 		}
 		d.mu.Unlock()
 	}
-	// A name at the old path of every moved file, first (see dirtySet).
-	// The old path may hold another file by now (a new message under the
-	// same name): that file keeps it.
+	// The directories are synced targets first (syncOrder), so that a
+	// move's target is mostly durable before its source; only a move whose
+	// source comes first (a cycle: leases into processing/, nacks out of
+	// it) needs its file linked at its old path for the time of the sync
+	// (see dirtySet). The old path may hold another file by now (a new
+	// message under the same name): that file keeps it.
+	order := syncOrder(dirs, moves)
 	var relinked []string
 	for now, origin := range moves {
+		if order[filepath.Dir(origin)] > order[filepath.Dir(now)] {
+			continue // the target is synced before the source
+		}
 		err := unix.Link(now, origin)
 		switch {
 		case err == nil:
@@ -487,13 +498,70 @@ func (d *dirtySet) sync(syncfsOK bool) error {
 			return err
 		}
 	}
+	byOrder := make([]string, 0, len(dirs))
 	for x := range dirs {
+		byOrder = append(byOrder, x)
+	}
+	slices.SortFunc(byOrder, func(a, b string) int { return order[a] - order[b] })
+	for _, x := range byOrder {
 		if err := fsyncPath(x); err != nil {
 			restore()
 			return err
 		}
 	}
 	return nil
+}
+
+// syncOrder numbers the directories to sync so that the targets of the
+// moves come before their sources where it can: sinks first (directories
+// no file moved out of to another one still unnumbered), and in a cycle
+// any one of it. A directory of a move that is not in dirs gets a number
+// too.
+func syncOrder(dirs map[string]struct{}, moves map[string]string) map[string]int {
+	out := map[string]map[string]struct{}{} // source → targets
+	all := map[string]struct{}{}
+	for x := range dirs {
+		all[x] = struct{}{}
+	}
+	for now, origin := range moves {
+		src, dst := filepath.Dir(origin), filepath.Dir(now)
+		all[src], all[dst] = struct{}{}, struct{}{}
+		if src == dst {
+			continue
+		}
+		if out[src] == nil {
+			out[src] = map[string]struct{}{}
+		}
+		out[src][dst] = struct{}{}
+	}
+	order := make(map[string]int, len(all))
+	rest := make([]string, 0, len(all))
+	for x := range all {
+		rest = append(rest, x)
+	}
+	slices.Sort(rest) // a stable choice in a cycle
+	for len(rest) > 0 {
+		picked := -1
+		for i, x := range rest {
+			sink := true
+			for dst := range out[x] {
+				if _, done := order[dst]; !done {
+					sink = false
+					break
+				}
+			}
+			if sink {
+				picked = i
+				break
+			}
+		}
+		if picked < 0 {
+			picked = 0 // a cycle: break it anywhere
+		}
+		order[rest[picked]] = len(order)
+		rest = slices.Delete(rest, picked, picked+1)
+	}
+	return order
 }
 
 func fsyncPath(p string) error {

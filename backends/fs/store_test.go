@@ -883,3 +883,32 @@ func TestRotationSyncsOutsideTheLock(t *testing.T) {
 		}
 	}
 }
+
+// The checkpoint syncs a move's target directory before its source, and
+// in a cycle breaks the tie somewhere: the moves there are linked at their
+// old paths for the sync instead.
+func TestSyncOrderTargetsFirst(t *testing.T) {
+	moves := map[string]string{
+		"q/processing/a": "q/inbox/a",      // a lease
+		"q/archive/b":    "q/processing/b", // an ack kept in the archive
+		"q/dlq/c":        "q/processing/c",
+	}
+	o := syncOrder(map[string]struct{}{"q/inbox": {}, "q/processing": {}, "other": {}}, moves)
+	for _, e := range [][2]string{{"q/processing", "q/inbox"}, {"q/archive", "q/processing"}, {"q/dlq", "q/processing"}} {
+		if o[e[0]] >= o[e[1]] {
+			t.Errorf("order %v: %s not before %s", o, e[0], e[1])
+		}
+	}
+	if _, ok := o["other"]; !ok || len(o) != 5 {
+		t.Errorf("order %v: want every directory numbered once", o)
+	}
+	// A nack makes a cycle: one of the two moves has its source first.
+	moves["q/inbox/d"] = "q/processing/d"
+	o = syncOrder(nil, moves)
+	if (o["q/inbox"] > o["q/processing"]) == (o["q/processing"] > o["q/inbox"]) {
+		t.Errorf("order %v: inbox and processing tie", o)
+	}
+	if o["q/archive"] >= o["q/processing"] || o["q/dlq"] >= o["q/processing"] {
+		t.Errorf("order %v: the sinks are not first", o)
+	}
+}
