@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -167,7 +168,7 @@ func (s *Store) doFileOp(op *fileOp) error {
 			return nil
 		}
 		if err == nil {
-			s.dirty.moved(op.from, op.to)
+			s.dirty.moved(op.from, op.to, op.id)
 		}
 		return err
 	case opRemove:
@@ -211,6 +212,7 @@ func renameMkdir(from, to string) error {
 // the journal holds the body until a checkpoint syncs the file system.
 func (s *Store) writeBody(path string, id uint64, body []byte) error {
 	s.dirty.file(path)
+	s.dirty.wrote(id)
 	dir := filepath.Dir(path)
 	tmp := dir + "/" + tempPrefix + "w" + strconv.FormatUint(id, 10)
 	fd, err := unix.Open(tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_CLOEXEC, 0o600)
@@ -340,6 +342,16 @@ type dirtySet struct {
 	dirs     map[string]struct{}
 	overflow bool              // more than maxDirtyFiles files: every file in dirs is dirty
 	moves    map[string]string // path now → path at the last sync
+
+	// A message whose body was written after the last sync began has
+	// that body in a journal Open would replay until the next checkpoint
+	// ends (the sync runs before the snapshot replaces it), so its moves
+	// need no name kept: Open writes it again. Message IDs grow, so that
+	// is every ID above freshAfter: the largest ID whose body was written
+	// before the last sync began, or the largest ID at Open. Until Open
+	// ends it is math.MaxUint64: every move is kept.
+	freshAfter uint64
+	maxWritten uint64 // largest ID of a body written
 }
 
 const maxDirtyFiles = 8192
@@ -349,22 +361,40 @@ const maxDirtyFiles = 8192
 // that the moves map stays bounded.
 const maxDirtyMoves = 32768
 
-// moved notes a rename of a body file from one path to another.
-func (d *dirtySet) moved(from, to string) {
+// moved notes a rename of message id's body file from one path to another.
+func (d *dirtySet) moved(from, to string, id uint64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.moves == nil {
-		d.moves = map[string]string{}
-	}
 	origin, ok := d.moves[from]
 	if ok {
 		delete(d.moves, from)
 	} else {
+		if id > d.freshAfter {
+			return // its body is in a journal Open replays
+		}
 		origin = from
+	}
+	if d.moves == nil {
+		d.moves = map[string]string{}
 	}
 	if origin != to {
 		d.moves[to] = origin
 	}
+}
+
+// wrote notes the body of message id written to its file.
+func (d *dirtySet) wrote(id uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.maxWritten = max(d.maxWritten, id)
+}
+
+// opened ends the keeping of every move: the IDs up to maxID (every
+// message at Open) have their bodies in files only.
+func (d *dirtySet) opened(maxID uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.freshAfter = max(maxID, d.maxWritten)
 }
 
 // removed notes the removal of a body file: a deleted message's file
@@ -422,6 +452,9 @@ func (d *dirtySet) sync(syncfsOK bool) error {
 	d.mu.Lock()
 	files, dirs, overflow, moves := d.files, d.dirs, d.overflow, d.moves
 	d.files, d.dirs, d.overflow, d.moves = nil, nil, false, nil
+	if d.freshAfter != math.MaxUint64 {
+		d.freshAfter = max(d.freshAfter, d.maxWritten)
+	}
 	d.mu.Unlock()
 	restore := func() {
 		for f := range files {

@@ -329,7 +329,7 @@ func (r *reconciler) resolve() error {
 			if err := renameMkdir(x.path, p); err != nil {
 				return err
 			}
-			s.dirty.moved(x.path, p)
+			s.dirty.moved(x.path, p, e.id)
 			r.moved++
 			r.logf(r.moved, "moved a body to where its message is", logID, e.id, logFrom, x.path, logTo, p)
 			continue
@@ -356,7 +356,7 @@ func (r *reconciler) resolve() error {
 			if err := renameMkdir(x.path, p); err != nil {
 				return err
 			}
-			s.dirty.moved(x.path, p)
+			s.dirty.moved(x.path, p, e.id)
 			r.moved++
 			r.logf(r.moved, "moved a body to where its message is", logID, e.id, logFrom, x.path, logTo, p)
 			continue

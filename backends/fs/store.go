@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"sync"
@@ -176,6 +177,7 @@ func open(ctx context.Context, dir string, opts backends.Options, cfg config) (*
 		progress:  make(chan struct{}),
 		ckptAt:    cfg.checkpointBytes,
 	}
+	s.dirty.freshAfter = math.MaxUint64 // every move kept until Open ends (dirtySet)
 	s.ix.spillAt = cfg.spillAt
 	if s.ix.spillAt == 0 {
 		s.ix.spillAt = defaultSpillAt
@@ -191,6 +193,7 @@ func open(ctx context.Context, dir string, opts backends.Options, cfg config) (*
 		lock.Unlock()
 		return nil, fmt.Errorf("open fs store %s: %w", dir, err)
 	}
+	s.dirty.opened(s.ix.maxID)
 	return s, nil
 }
 
