@@ -98,7 +98,13 @@ type Core struct {
 	// the store before one of them does not undo it (reloadQueues).
 	queueGen uint64
 
-	sched  *scheduler
+	sched *scheduler
+	// timed counts the leased and delayed messages of a store of this
+	// daemon alone, from the gauges: when it falls to zero the scheduler
+	// drops a timer armed for a deadline that no message has any more
+	// (scheduler.noDeadlines), so an idle daemon does not wake for an
+	// acked lease. Unused on a shared store.
+	timed  atomic.Int64
 	space  *space // nil without Options.SpaceDir
 	closed atomic.Bool
 	done   chan struct{}
@@ -159,6 +165,9 @@ func Open(ctx context.Context, store Store, opts Options) (*Core, error) {
 		for s, n := range counts[info.Name] {
 			if s.Valid() {
 				q.gauges[s] = n
+				if s == StateLeased || s == StateDelayed {
+					c.timed.Add(n.N)
+				}
 				if s.Live() {
 					live += n.N
 				}
@@ -357,6 +366,14 @@ func (c *Core) DeleteQueue(ctx context.Context, name string, force bool) error {
 	delete(c.queues, name)
 	c.queueGen++
 	c.mu.Unlock()
+	if c.shared == nil {
+		q.mu.Lock()
+		timed := q.gauges[StateLeased].N + q.gauges[StateDelayed].N
+		q.mu.Unlock()
+		if timed != 0 && c.timed.Add(-timed) == 0 {
+			c.sched.noDeadlines()
+		}
+	}
 	c.log.Info("queue deleted", logQueue, name, "force", force)
 	return nil
 }

@@ -690,6 +690,51 @@ func TestSchedulerSleepsWhenNothingIsDue(t *testing.T) {
 	})
 }
 
+// An ack that leaves no message leased or delayed drops the timer armed
+// for its lease at once: an idle daemon does not wake when that lease
+// would have run out. A timer another lease still needs stays.
+func TestAckDropsTheTimerOfItsLease(t *testing.T) {
+	eachStore(t, func(t *testing.T, e *env) {
+		if _, shared := e.store.(queuecore.SharedStore); shared {
+			t.Skip("a shared store's leases are also other daemons': its timer stays")
+		}
+		e.queue("q", `{"archive": {"enabled": false}}`)
+		e.publish("q", "a", "x")
+		e.publish("q", "b", "x")
+		mustLease(t, e, "a")
+		if !testenv.RetryUntil(5*time.Second, func() bool { return e.clock.Pending() == 1 }) {
+			t.Fatalf("%d timers armed for one lease, want 1", e.clock.Pending())
+		}
+		e.clock.Advance(10 * time.Second)
+		mustLease(t, e, "b") // runs out 10 s after a's lease
+		if err := e.core.Ack(e.ctx, "q", "a"); err != nil {
+			t.Fatal(err)
+		}
+		if n := e.clock.Pending(); n != 1 {
+			t.Fatalf("%d timers armed with b still leased, want 1", n)
+		}
+		e.clock.Advance(21 * time.Second) // a's deadline passes, b's is 10 s on
+		if !testenv.RetryUntil(5*time.Second, func() bool { return e.clock.Pending() == 1 }) {
+			t.Fatalf("%d timers armed with b still leased, want 1", e.clock.Pending())
+		}
+		equalNames(t, "leased after a's deadline", e.names("q", queuecore.StateLeased), "b")
+		if err := e.core.Ack(e.ctx, "q", "b"); err != nil {
+			t.Fatal(err)
+		}
+		if n := e.clock.Pending(); n != 0 {
+			t.Fatalf("%d timers armed after the last ack, want 0 (no clock advance)", n)
+		}
+		// The next lease arms again, and its expiry still comes.
+		e.publish("q", "c", "x")
+		mustLease(t, e, "c")
+		if !testenv.RetryUntil(5*time.Second, func() bool { return e.clock.Pending() == 1 }) {
+			t.Fatalf("%d timers armed for a new lease, want 1", e.clock.Pending())
+		}
+		e.clock.Advance(31 * time.Second)
+		e.waitState("q", queuecore.StateDelayed, "c")
+	})
+}
+
 func TestNotifierHearsDaemonMoves(t *testing.T) {
 	eachStore(t, func(t *testing.T, e *env) {
 		e.queue("q", `{"visibilityTimeoutSec": 1, "retry": {"limit": 0}}`)

@@ -22,6 +22,10 @@ type scheduler struct {
 	mu      sync.Mutex
 	armedAt time.Time // when the timer fires; zero when no timer is armed
 	timer   Timer
+	// untimed is when the last run wanted to look again for something
+	// other than a message's deadline (retention, another daemon): zero
+	// for never. noDeadlines re-arms for it.
+	untimed time.Time
 }
 
 // dueBatch bounds the work of one commit of the scheduler.
@@ -71,9 +75,40 @@ func (s *scheduler) run() {
 		s.mu.Lock()
 		s.armedAt = time.Time{}
 		s.mu.Unlock()
-		next := s.work()
+		next, untimed := s.work()
+		s.mu.Lock()
+		s.untimed = untimed
+		s.mu.Unlock()
 		s.arm(next)
 	}
+}
+
+// noDeadlines runs when a commit of this daemon leaves no message leased
+// or delayed (Core.timed) in a store of this daemon alone. A timer armed
+// for the deadline of a message since acked would wake an idle daemon
+// for nothing: it is re-armed for what else the last run waits for.
+//
+// Core.timed is checked again under s.mu. A commit that adds a deadline
+// adds to Core.timed before its wakeBy takes s.mu: either this sees the
+// new count and keeps the timer, or that wakeBy sees the timer dropped
+// and kicks. While a run is under way (armedAt zero), nothing changes:
+// its arm may then wake once for a deadline gone meanwhile.
+func (s *scheduler) noDeadlines() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.c.timed.Load() != 0 || s.armedAt.IsZero() || s.armedAt.Equal(s.untimed) {
+		return
+	}
+	if s.timer != nil {
+		s.timer.Stop()
+		s.timer = nil
+	}
+	s.armedAt = s.untimed
+	if s.untimed.IsZero() {
+		return
+	}
+	d := max(s.untimed.Sub(s.c.now()), 0)
+	s.timer = s.c.clock.AfterFunc(d, s.kick)
 }
 
 func (s *scheduler) arm(next time.Time) {
@@ -95,16 +130,24 @@ func (s *scheduler) arm(next time.Time) {
 }
 
 // work does what is due and returns when to look again (zero: never,
-// until kicked).
-func (s *scheduler) work() time.Time {
+// until kicked), and when to look again if no message had a deadline.
+func (s *scheduler) work() (next, untimed time.Time) {
 	c := s.c
 	ctx := context.Background()
 	now := c.now()
 	if !c.leaser.duty() {
-		return c.leaser.lookAgain(now) // another daemon does it; look again for a takeover
+		t := c.leaser.lookAgain(now) // another daemon does it; look again for a takeover
+		return t, t
 	}
-	var next time.Time
 	soonest := func(t time.Time) {
+		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
+			next = t
+		}
+		if !t.IsZero() && (untimed.IsZero() || t.Before(untimed)) {
+			untimed = t
+		}
+	}
+	soonestDeadline := func(t time.Time) {
 		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
 			next = t
 		}
@@ -115,7 +158,7 @@ func (s *scheduler) work() time.Time {
 		due, err := c.store.Due(ctx, now, dueBatch)
 		if err != nil {
 			c.log.Error("scheduler: read due messages", logErr, err)
-			return now.Add(time.Second)
+			return now.Add(time.Second), now.Add(time.Second)
 		}
 		n, held := s.handleDue(ctx, due, now)
 		expired += n
@@ -130,7 +173,7 @@ func (s *scheduler) work() time.Time {
 	counts, err := c.leaser.beforeRetention(ctx, now)
 	if err != nil {
 		c.log.Error("scheduler: read counts", logErr, err)
-		return now.Add(time.Second)
+		return now.Add(time.Second), now.Add(time.Second)
 	}
 	for _, name := range c.QueueNames() {
 		q, err := c.queue(name)
@@ -149,13 +192,13 @@ func (s *scheduler) work() time.Time {
 		c.log.Error("scheduler: read next due time", logErr, err)
 		soonest(now.Add(time.Second))
 	} else if ok {
-		soonest(t)
+		soonestDeadline(t)
 	}
 	if busy {
 		soonest(now.Add(busyRetry))
 	}
 	soonest(c.leaser.lookAgain(now))
-	return next
+	return next, untimed
 }
 
 // tryClaim reserves one name without waiting.

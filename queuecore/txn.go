@@ -198,7 +198,11 @@ func (c *Core) commit(ctx context.Context, b *batch) error {
 // a batch the store has committed.
 func (c *Core) applied(b *batch) {
 	now := c.now()
+	timedLeft := int64(-1) // leased and delayed messages after this batch; -1: it changed none
 	for _, d := range b.deltas {
+		if c.shared == nil && (d.s == StateLeased || d.s == StateDelayed) {
+			timedLeft = c.timed.Add(d.n)
+		}
 		d.q.mu.Lock()
 		g := &d.q.gauges[d.s]
 		wasEmpty := g.N == 0
@@ -222,6 +226,8 @@ func (c *Core) applied(b *batch) {
 		c.sched.kick()
 	} else if !b.deadline.IsZero() {
 		c.sched.wakeBy(b.deadline)
+	} else if timedLeft == 0 {
+		c.sched.noDeadlines()
 	}
 }
 
