@@ -158,6 +158,7 @@ func New(opts Options) *FS {
 		started: time.Now(),
 	}
 	f.lru.kick = make(chan struct{}, 1)
+	f.memWake = make(chan struct{}, 1)
 	f.successors.ttl = 2*max(opts.EntryTimeout, opts.NameTimeout, opts.AttrTimeout) + time.Second
 	f.root = &rootNode{fsys: f}
 	return f

@@ -193,6 +193,43 @@ func TestMemoryBudgetRefusesNewMessages(t *testing.T) {
 	}
 }
 
+// An idle daemon with a budget does not look at its memory twice a
+// second: the watcher parks once calm and steady. A new message wakes it:
+// drafts held open then fill the budget, and a create is refused.
+func TestMemoryWatcherParksAndWakes(t *testing.T) {
+	d := testenv.StartDaemon(t, testenv.DaemonOptions{Args: []string{"--memory-budget", "48MiB"}})
+	q := mkq(t, d, "q", `{"maxMessageBytes": 4194304}`)
+	if !testenv.RetryUntil(15*time.Second, func() bool { return metric(t, d, "yirangmq_memory_watch_parked") == 1 }) {
+		t.Fatalf("the memory watcher of an idle daemon did not park in 15 s (RSS %d of a 48 MiB budget)", metric(t, d, "yirangmq_rss_bytes"))
+	}
+	// Drafts of 4 MiB, held open, until a create is refused: at most 15
+	// (60 MiB, under the per-uid draft limit of 64 MiB).
+	block := make([]byte, 4<<20)
+	for i := range block {
+		block[i] = byte(i)
+	}
+	var refused error
+	for i := 0; i < 15 && refused == nil; i++ {
+		f, err := os.Create(filepath.Join(q, "inbox", "draft"+strconv.Itoa(i)))
+		if err != nil {
+			refused = err
+			break
+		}
+		t.Cleanup(func() { f.Close() })
+		if _, err := f.Write(block); err != nil {
+			t.Fatalf("draft %d: %v", i, err)
+		}
+		time.Sleep(600 * time.Millisecond) // the woken watcher looks every 500 ms
+	}
+	if !isErrno(refused, syscall.ENOSPC) {
+		t.Fatalf("creates with drafts past the budget: %v, want ENOSPC (RSS %d, parked %d)",
+			refused, metric(t, d, "yirangmq_rss_bytes"), metric(t, d, "yirangmq_memory_watch_parked"))
+	}
+	if metric(t, d, "yirangmq_memory_watch_parked") != 0 {
+		t.Error("the memory watcher is parked while the daemon is at its budget")
+	}
+}
+
 func isErrno(err error, want syscall.Errno) bool {
 	var e syscall.Errno
 	for err != nil {
