@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -733,6 +734,59 @@ func TestAckDropsTheTimerOfItsLease(t *testing.T) {
 		e.clock.Advance(31 * time.Second)
 		e.waitState("q", queuecore.StateDelayed, "c")
 	})
+}
+
+// countingStore counts the scheduler's reads of the next due time.
+type countingStore struct {
+	queuecore.Store
+	nextDue atomic.Int64
+}
+
+func (s *countingStore) NextDue(ctx context.Context) (time.Time, bool, error) {
+	s.nextDue.Add(1)
+	return s.Store.NextDue(ctx)
+}
+
+// Round trips one at a time arm the timer from the lease's own deadline:
+// no scheduler run per lease, though each ack drops the timer.
+func TestRoundTripsRunNoSchedulerPass(t *testing.T) {
+	for _, st := range stores[:2] { // the stores of this daemon alone
+		t.Run(st.name, func(t *testing.T) {
+			open := st.opener(t)
+			var cs *countingStore
+			e := newEnv(t, func(ctx context.Context, dir string, sync queuecore.SyncMode) (queuecore.Store, error) {
+				s, err := open(ctx, dir, sync)
+				if err != nil {
+					return nil, err
+				}
+				cs = &countingStore{Store: s}
+				return cs, nil
+			})
+			e.queue("q", `{"archive": {"enabled": false}}`)
+			e.publish("q", "first", "x")
+			mustLease(t, e, "first")
+			if err := e.core.Ack(e.ctx, "q", "first"); err != nil {
+				t.Fatal(err)
+			}
+			testenv.MustRetryUntil(t, 5*time.Second, "the scheduler's first runs", func() bool { return cs.nextDue.Load() > 0 })
+			time.Sleep(50 * time.Millisecond) // a run kicked by the first lease ends
+			before := cs.nextDue.Load()
+			for i := range 100 {
+				name := fmt.Sprintf("m%d", i)
+				e.publish("q", name, "x")
+				mustLease(t, e, name)
+				if err := e.core.Ack(e.ctx, "q", name); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if n := cs.nextDue.Load() - before; n > 2 {
+				t.Errorf("%d scheduler runs for 100 round trips, want none", n)
+			}
+			if n := e.clock.Pending(); n != 0 {
+				t.Errorf("%d timers armed after the last ack, want 0", n)
+			}
+		})
+	}
 }
 
 func TestNotifierHearsDaemonMoves(t *testing.T) {

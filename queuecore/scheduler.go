@@ -22,6 +22,9 @@ type scheduler struct {
 	mu      sync.Mutex
 	armedAt time.Time // when the timer fires; zero when no timer is armed
 	timer   Timer
+	// running is true while a run reads the store and acts; its arm
+	// ends it.
+	running bool
 	// untimed is when the last run wanted to look again for something
 	// other than a message's deadline (retention, another daemon): zero
 	// for never. noDeadlines re-arms for it.
@@ -47,14 +50,21 @@ func (s *scheduler) kick() {
 	}
 }
 
-// wakeBy makes sure the scheduler wakes no later than t.
+// wakeBy makes sure the scheduler wakes no later than t. Between runs
+// it arms the timer for t itself: no run is needed to learn what a
+// commit has just said. While a run is under way it kicks another, since
+// that run may have read the store's next due time before this commit.
 func (s *scheduler) wakeBy(t time.Time) {
 	s.mu.Lock()
-	later := s.armedAt.IsZero() || t.Before(s.armedAt)
-	s.mu.Unlock()
-	if later {
-		s.kick()
+	defer s.mu.Unlock()
+	if !s.armedAt.IsZero() && !t.Before(s.armedAt) {
+		return
 	}
+	if s.running {
+		s.kick()
+		return
+	}
+	s.armLocked(t)
 }
 
 func (s *scheduler) run() {
@@ -73,13 +83,13 @@ func (s *scheduler) run() {
 		// While work runs, every new deadline must kick again: it may come
 		// after work read the store's next due time.
 		s.mu.Lock()
-		s.armedAt = time.Time{}
+		s.armedAt, s.running = time.Time{}, true
 		s.mu.Unlock()
 		next, untimed := s.work()
 		s.mu.Lock()
-		s.untimed = untimed
+		s.untimed, s.running = untimed, false
+		s.armLocked(next)
 		s.mu.Unlock()
-		s.arm(next)
 	}
 }
 
@@ -90,30 +100,20 @@ func (s *scheduler) run() {
 //
 // Core.timed is checked again under s.mu. A commit that adds a deadline
 // adds to Core.timed before its wakeBy takes s.mu: either this sees the
-// new count and keeps the timer, or that wakeBy sees the timer dropped
-// and kicks. While a run is under way (armedAt zero), nothing changes:
-// its arm may then wake once for a deadline gone meanwhile.
+// new count and keeps the timer, or that wakeBy finds the timer dropped
+// and arms it again. While a run is under way nothing changes: its arm
+// may then wake once for a deadline gone meanwhile.
 func (s *scheduler) noDeadlines() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.c.timed.Load() != 0 || s.armedAt.IsZero() || s.armedAt.Equal(s.untimed) {
+	if s.c.timed.Load() != 0 || s.running || s.armedAt.IsZero() || s.armedAt.Equal(s.untimed) {
 		return
 	}
-	if s.timer != nil {
-		s.timer.Stop()
-		s.timer = nil
-	}
-	s.armedAt = s.untimed
-	if s.untimed.IsZero() {
-		return
-	}
-	d := max(s.untimed.Sub(s.c.now()), 0)
-	s.timer = s.c.clock.AfterFunc(d, s.kick)
+	s.armLocked(s.untimed)
 }
 
-func (s *scheduler) arm(next time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// armLocked sets the timer for next (none when zero). s.mu is held.
+func (s *scheduler) armLocked(next time.Time) {
 	if s.timer != nil {
 		s.timer.Stop()
 		s.timer = nil
@@ -122,10 +122,7 @@ func (s *scheduler) arm(next time.Time) {
 	if next.IsZero() {
 		return
 	}
-	d := next.Sub(s.c.now())
-	if d < 0 {
-		d = 0
-	}
+	d := max(next.Sub(s.c.now()), 0)
 	s.timer = s.c.clock.AfterFunc(d, s.kick)
 }
 
