@@ -467,10 +467,10 @@ func (d *dirtySet) sync(syncfsOK bool) error {
 		if overflow {
 			d.overflow = true
 		}
+		if d.moves == nil && len(moves) > 0 {
+			d.moves = make(map[string]string, len(moves))
+		}
 		for now, origin := range moves {
-			if d.moves == nil {
-				d.moves = map[string]string{}
-			}
 			if _, ok := d.moves[now]; !ok {
 				d.moves[now] = origin
 			}
