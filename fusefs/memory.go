@@ -81,12 +81,16 @@ func (f *FS) trackNew(n *msgNode) { f.put(n, true) }
 func (f *FS) put(n *msgNode, first bool) {
 	l := &f.lru
 	l.mu.Lock()
-	if n.lru.in {
+	added := !n.lru.in
+	if !added {
 		l.unlinkLocked(n)
 	}
 	l.pushLocked(n, first)
 	over := l.n > f.inodeLimit()
 	l.mu.Unlock()
+	if added {
+		f.wakeMemWatch() // a new node: the daemon holds more
+	}
 	if over {
 		select {
 		case l.kick <- struct{}{}:
@@ -270,17 +274,18 @@ func (f *FS) pruneCandidates(limit int) []*fs.Inode {
 // An idle daemon must not wake twice a second (each look woke about 11
 // threads' worth of context switches: 22 a second, measured on an idle
 // daemon with a 48 MiB budget). After memWatchCalmLooks looks under the
-// calm level with the RSS steady, the watcher parks until a new message
-// is created (memoryFull, the only operation the levels refuse): what the
-// daemon holds grows with messages (drafts, names, nodes; the pruner
-// bounds the nodes of old ones on its own).
+// calm level with the RSS steady (within 1% of the budget over them), the
+// watcher parks until what the daemon holds grows: a new message
+// (memoryFull), a draft's buffer, a new message node (a lookup; the pruner
+// bounds their number on its own). A create that wakes it looks at the
+// RSS itself.
 func (f *FS) watchMemory() {
 	defer f.wg.Done()
 	budget := f.opts.MemoryBudget
 	t := time.NewTicker(memWatchEvery)
 	defer func() { t.Stop() }()
 	var lastFree time.Time
-	var lastRSS int64
+	var steadyFrom int64 // the RSS at the first of the steady looks
 	steady := 0
 	for {
 		select {
@@ -293,12 +298,15 @@ func (f *FS) watchMemory() {
 			continue
 		}
 		pct := rss * 100 / budget
-		if d := rss - lastRSS; pct < calmPct && !f.pressure.Load() && !f.full.Load() && d < budget/100 && -d < budget/100 {
+		// Steady: within 1% of the budget of the first calm look of the
+		// run, so that slow growth does not count as steady.
+		if d := rss - steadyFrom; steady > 0 && pct < calmPct && !f.pressure.Load() && !f.full.Load() && d < budget/100 && -d < budget/100 {
 			steady++
+		} else if pct < calmPct && !f.pressure.Load() && !f.full.Load() {
+			steady, steadyFrom = 1, rss
 		} else {
 			steady = 0
 		}
-		lastRSS = rss
 		if steady >= memWatchCalmLooks {
 			t.Stop()
 			f.memParked.Store(true)
@@ -309,13 +317,12 @@ func (f *FS) watchMemory() {
 			}
 			steady = 0
 			t = time.NewTicker(memWatchEvery)
-			// Look at once: the wake is a new message.
+			// Look at once: the daemon holds more than when it parked.
 			rss = readRSS()
 			if rss <= 0 {
 				continue
 			}
 			pct = rss * 100 / budget
-			lastRSS = rss
 		}
 		switch {
 		case pct >= shedPct && !f.pressure.Load():
@@ -360,13 +367,39 @@ const (
 	memWatchCalmLooks = 4
 )
 
+// wakeMemWatch wakes a parked memory watcher, and reports whether this
+// call did. Cheap when it is not parked: one atomic load.
+func (f *FS) wakeMemWatch() bool {
+	if !f.memParked.Load() || !f.memParked.CompareAndSwap(true, false) {
+		return false
+	}
+	select {
+	case f.memWake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// growDrafts is draftBytes.grow, waking a parked memory watcher when the
+// bytes held grow.
+func (f *FS) growDrafts(uid uint32, delta int64) bool {
+	if !f.drafts.grow(&f.opts, uid, delta) {
+		return false
+	}
+	if delta > 0 {
+		f.wakeMemWatch()
+	}
+	return true
+}
+
 // memoryFull says whether a new message must be refused (ENOSPC). It
-// wakes a parked memory watcher.
+// wakes a parked memory watcher; the create that wakes it looks at the
+// RSS itself, since the watcher's look comes after it.
 func (f *FS) memoryFull() bool {
-	if f.memParked.Load() && f.memParked.CompareAndSwap(true, false) {
-		select {
-		case f.memWake <- struct{}{}:
-		default:
+	if f.wakeMemWatch() {
+		if rss := readRSS(); rss > 0 && rss*100/f.opts.MemoryBudget >= fullPct {
+			f.refused.Add(1)
+			return true
 		}
 	}
 	if f.full.Load() {

@@ -230,6 +230,36 @@ func TestMemoryWatcherParksAndWakes(t *testing.T) {
 	}
 }
 
+// A parked memory watcher wakes when a file being written grows, not only
+// at a create: one draft written to past the budget sets the full level.
+func TestMemoryWatcherWakesOnDraftGrowth(t *testing.T) {
+	d := testenv.StartDaemon(t, testenv.DaemonOptions{Args: []string{"--memory-budget", "48MiB"}})
+	q := mkq(t, d, "q", `{"maxMessageBytes": 62914560}`)
+	f, err := os.Create(filepath.Join(q, "inbox", "big"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if !testenv.RetryUntil(15*time.Second, func() bool { return metric(t, d, "yirangmq_memory_watch_parked") == 1 }) {
+		t.Fatalf("the memory watcher of an idle daemon did not park in 15 s (RSS %d of a 48 MiB budget)", metric(t, d, "yirangmq_rss_bytes"))
+	}
+	block := make([]byte, 4<<20)
+	for i := range block {
+		block[i] = byte(i)
+	}
+	full := false
+	for i := 0; i < 14 && !full; i++ { // 56 MiB at most: under the 60 MiB message and the 64 MiB per uid
+		if _, err := f.Write(block); err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+		full = testenv.RetryUntil(600*time.Millisecond, func() bool { return metric(t, d, "yirangmq_memory_full") == 1 })
+	}
+	if !full {
+		t.Fatalf("a draft grew past the budget and the daemon is not at its full level (RSS %d, parked %d)",
+			metric(t, d, "yirangmq_rss_bytes"), metric(t, d, "yirangmq_memory_watch_parked"))
+	}
+}
+
 func isErrno(err error, want syscall.Errno) bool {
 	var e syscall.Errno
 	for err != nil {

@@ -244,7 +244,7 @@ func (n *msgNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32
 		uid, _, _ := caller(ctx)
 		n.mu.Lock()
 		size := int64(len(p.buf))
-		if !n.fsys.drafts.grow(&n.fsys.opts, uid, size) {
+		if !n.fsys.growDrafts(uid, size) {
 			n.mu.Unlock()
 			n.fsys.log.Warn("open refused: too many uncommitted bytes (EDQUOT)", logQueue, n.queue, logName, name, logUID, uid)
 			return nil, 0, errnoOf(errDraftsFull)
@@ -467,9 +467,9 @@ func (n *msgNode) resizeLocked(size int64) error {
 	// Grow by doubling (within maxMessageBytes), or to exactly size when
 	// the draft bounds leave no room for more.
 	newCap := max(size, min(2*int64(cap(p.buf)), p.limit))
-	if !n.fsys.drafts.grow(&n.fsys.opts, p.uid, newCap-p.held) {
+	if !n.fsys.growDrafts(p.uid, newCap-p.held) {
 		newCap = size
-		if !n.fsys.drafts.grow(&n.fsys.opts, p.uid, newCap-p.held) {
+		if !n.fsys.growDrafts(p.uid, newCap-p.held) {
 			if !p.quota {
 				n.fsys.log.Warn("write refused: too many uncommitted bytes (EDQUOT)", logQueue, n.queue, logName, n.name, logUID, p.uid,
 					"max_total", n.fsys.opts.MaxDraftBytes, "max_per_uid", n.fsys.opts.MaxDraftBytesPerUID)
