@@ -25,6 +25,8 @@ type scheduler struct {
 	// running is true while a run reads the store and acts; its arm
 	// ends it.
 	running bool
+	// stopped: the core is closed; no timer is armed any more.
+	stopped bool
 	// untimed is when the last run wanted to look again for something
 	// other than a message's deadline (retention, another daemon): zero
 	// for never. noDeadlines re-arms for it.
@@ -74,9 +76,8 @@ func (s *scheduler) run() {
 		case <-s.kickCh:
 		case <-s.c.done:
 			s.mu.Lock()
-			if s.timer != nil {
-				s.timer.Stop()
-			}
+			s.armLocked(time.Time{})
+			s.stopped = true
 			s.mu.Unlock()
 			return
 		}
@@ -119,7 +120,7 @@ func (s *scheduler) armLocked(next time.Time) {
 		s.timer = nil
 	}
 	s.armedAt = next
-	if next.IsZero() {
+	if next.IsZero() || s.stopped {
 		return
 	}
 	d := max(next.Sub(s.c.now()), 0)

@@ -30,6 +30,9 @@ import (
 // collect, and the first collection in the quiet state puts the collector
 // and the memory limit back as they were. So an idle daemon makes one
 // periodic collection after its work stops, then none.
+//
+// A daemon whose quiet limit would be above the limit it has (a memory
+// budget's, nearly reached) is left as it is.
 type quietGC struct {
 	idleGap time.Duration
 	log     *slog.Logger
@@ -119,7 +122,11 @@ func (q *quietGC) cycle() {
 	prevLimit := q.rt.setMemoryLimit(-1)
 	limit := int64(held + max(quietHeadroomMin, held/quietHeadroomFrac))
 	if limit > prevLimit {
-		limit = prevLimit
+		// Near a memory budget's limit: with GOGC off the heap would grow
+		// to that limit before the next collection, past where the
+		// proportional collector would have run. Stay as is.
+		q.rt.setGCPercent(prevPercent)
+		return
 	}
 	q.rt.setMemoryLimit(limit)
 	q.gcPercent, q.limit, q.quiet = prevPercent, prevLimit, true

@@ -66,19 +66,26 @@ func TestQuietGCStates(t *testing.T) {
 		t.Fatalf("after the quiet state: quiet %v, GOGC %d, limit %d; want 100 and no limit", q.quiet, rt.gcPercent, rt.limit)
 	}
 
-	// A daemon with a memory budget keeps the lower of the two limits, and
-	// gets its own back; a large heap gets an eighth of it as headroom.
+	// A daemon with a memory budget gets its own limit back; one that
+	// holds nearly that limit does not go quiet at all. A large heap gets
+	// an eighth of it as headroom.
 	q, rt = newFakeQuiet(50, 48<<20)
-	rt.held = 200 << 20
 	rt.t = rt.t.Add(2 * time.Minute)
 	q.cycle()
-	if !q.quiet || rt.limit != 48<<20 {
-		t.Fatalf("with a budget: quiet %v, limit %d; want quiet under the budget's limit %d", q.quiet, rt.limit, 48<<20)
+	if want := int64(rt.held + quietHeadroomMin); !q.quiet || rt.limit != want {
+		t.Fatalf("with a budget: quiet %v, limit %d; want quiet at %d", q.quiet, rt.limit, want)
 	}
 	rt.t, rt.allocs = rt.t.Add(time.Minute), rt.allocs+10<<20
 	q.cycle()
 	if rt.gcPercent != 50 || rt.limit != 48<<20 {
 		t.Fatalf("with a budget, after: GOGC %d, limit %d; want 50 and %d", rt.gcPercent, rt.limit, 48<<20)
+	}
+	q, rt = newFakeQuiet(50, 48<<20)
+	rt.held = 46 << 20
+	rt.t = rt.t.Add(2 * time.Minute)
+	q.cycle()
+	if q.quiet || rt.gcPercent != 50 || rt.limit != 48<<20 {
+		t.Fatalf("near the budget's limit: quiet %v, GOGC %d, limit %d; want untouched", q.quiet, rt.gcPercent, rt.limit)
 	}
 	q, rt = newFakeQuiet(100, math.MaxInt64)
 	rt.held = 200 << 20
