@@ -15,7 +15,7 @@ import (
 // maybeCheckpointLocked starts a checkpoint in the background once the
 // journal has outgrown its threshold.
 func (s *Store) maybeCheckpointLocked() {
-	if s.ckptRunning || s.closed || s.failErr != nil || s.sinceCkpt < s.ckptAt && !s.dirty.manyMoves() {
+	if s.ckptRunning || s.closed || s.failErr != nil || s.sinceCkpt < s.ckptAt && !s.dirty.manyMoves.Load() {
 		return
 	}
 	s.ckptRunning = true

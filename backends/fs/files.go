@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -352,6 +353,12 @@ type dirtySet struct {
 	// ends it is math.MaxUint64: every move is kept.
 	freshAfter uint64
 	maxWritten uint64 // largest ID of a body written
+
+	// manyMoves is set once moves holds maxMoves (maxDirtyMoves unless a
+	// test sets it), and cleared when a sync takes them: every commit
+	// reads it (Store.maybeCheckpointLocked) without taking mu.
+	manyMoves atomic.Bool
+	maxMoves  int
 }
 
 const maxDirtyFiles = 8192
@@ -379,6 +386,9 @@ func (d *dirtySet) moved(from, to string, id uint64) {
 	}
 	if origin != to {
 		d.moves[to] = origin
+		if len(d.moves) >= d.maxMoves {
+			d.manyMoves.Store(true)
+		}
 	}
 }
 
@@ -403,13 +413,6 @@ func (d *dirtySet) removed(path string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	delete(d.moves, path)
-}
-
-// manyMoves says whether a checkpoint should start for the moves alone.
-func (d *dirtySet) manyMoves() bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return len(d.moves) >= maxDirtyMoves
 }
 
 // file notes a body file written or moved to path, and its directory.
@@ -452,6 +455,7 @@ func (d *dirtySet) sync(syncfsOK bool) error {
 	d.mu.Lock()
 	files, dirs, overflow, moves := d.files, d.dirs, d.overflow, d.moves
 	d.files, d.dirs, d.overflow, d.moves = nil, nil, false, nil
+	d.manyMoves.Store(false)
 	if d.freshAfter != math.MaxUint64 {
 		d.freshAfter = max(d.freshAfter, d.maxWritten)
 	}
@@ -475,6 +479,7 @@ func (d *dirtySet) sync(syncfsOK bool) error {
 				d.moves[now] = origin
 			}
 		}
+		d.manyMoves.Store(len(d.moves) >= d.maxMoves)
 		d.mu.Unlock()
 	}
 	// The directories are synced targets first (syncOrder), so that a

@@ -2,6 +2,7 @@ package fs
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -65,6 +66,7 @@ type config struct {
 	checkpointBytes int64
 	spillAt         int                // ready messages per queue before newer ones spill; 0: defaultSpillAt, <0: never
 	fdatasync       func(fd int) error // nil: unix.Fdatasync; tests make it fail
+	maxDirtyMoves   int                // 0: maxDirtyMoves; tests make it small
 }
 
 func (s *Store) fdatasync(f *os.File) error {
@@ -178,6 +180,7 @@ func open(ctx context.Context, dir string, opts backends.Options, cfg config) (*
 		ckptAt:    cfg.checkpointBytes,
 	}
 	s.dirty.freshAfter = math.MaxUint64 // every move kept until Open ends (dirtySet)
+	s.dirty.maxMoves = cmp.Or(cfg.maxDirtyMoves, maxDirtyMoves)
 	s.ix.spillAt = cfg.spillAt
 	if s.ix.spillAt == 0 {
 		s.ix.spillAt = defaultSpillAt

@@ -20,6 +20,7 @@ import (
 
 	"yirangmq/backends"
 	"yirangmq/queuecore"
+	"yirangmq/testenv"
 )
 
 const (
@@ -910,5 +911,57 @@ func TestSyncOrderTargetsFirst(t *testing.T) {
 	}
 	if o["q/archive"] >= o["q/processing"] || o["q/dlq"] >= o["q/processing"] {
 		t.Errorf("order %v: the sinks are not first", o)
+	}
+}
+
+// Past maxDirtyMoves kept moves (here 1,000) a checkpoint starts whatever
+// the journal's size, and its sync takes the moves: the map stays bounded.
+func TestManyMovesStartACheckpoint(t *testing.T) {
+	const maxMoves = 1000
+	dir := t.TempDir()
+	s := openTest(t, dir, queuecore.SyncNormal, config{checkpointBytes: 1 << 40, maxDirtyMoves: maxMoves}, nil)
+	mustPutQueues(t, s, "q")
+	ctx := context.Background()
+	n := uint64(maxMoves + 100)
+	const batch = 500
+	apply := func(what string, op func(id uint64) queuecore.Op) {
+		t.Helper()
+		for first := uint64(1); first <= n; first += batch {
+			var ops []queuecore.Op
+			for id := first; id < first+batch && id <= n; id++ {
+				ops = append(ops, op(id))
+			}
+			if err := s.Apply(ctx, ops); err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+		}
+	}
+	apply("insert", func(id uint64) queuecore.Op { return tins(tmsg(id, "q", fmt.Sprint("m", id), ready)) })
+	// A checkpoint now: the bodies are then in files only, so their moves
+	// are kept.
+	if err := s.checkpoint(); err != nil {
+		t.Fatal(err)
+	}
+	if s.dirty.manyMoves.Load() {
+		t.Fatal("many moves before any move")
+	}
+	apply("lease", func(id uint64) queuecore.Op {
+		m := tmsg(id, "q", fmt.Sprint("m", id), leased)
+		m.Deadline = epoch.Add(time.Hour)
+		return tupd(m)
+	})
+	// A commit looks at the count before its file operations run: the
+	// next one starts the checkpoint.
+	if err := s.Apply(ctx, []queuecore.Op{tins(tmsg(n+1, "q", "after", ready))}); err != nil {
+		t.Fatal(err)
+	}
+	if !testenv.RetryUntil(30*time.Second, func() bool {
+		s.dirty.mu.Lock()
+		defer s.dirty.mu.Unlock()
+		return len(s.dirty.moves) < maxMoves && !s.dirty.manyMoves.Load()
+	}) {
+		s.dirty.mu.Lock()
+		defer s.dirty.mu.Unlock()
+		t.Fatalf("%d moves kept, many %v: no checkpoint took them (journal threshold 1 TiB)", len(s.dirty.moves), s.dirty.manyMoves.Load())
 	}
 }
