@@ -46,6 +46,7 @@ func (s *Store) Apply(ctx context.Context, ops []queuecore.Op) error {
 	s.lsn++
 	s.ix.noteIDs(changes)
 	fileOps := s.fileOpsFor(changes, ops, frame, bodyAt)
+	s.ix.trimSpills(changes)
 	if !queuecore.WaitsFor(s.opts.Sync, ops) && s.opts.Sync == queuecore.SyncFull {
 		return s.commitLazyLocked(end, fileOps)
 	}

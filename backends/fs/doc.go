@@ -120,10 +120,20 @@
 // bitmap. Below the threshold nothing changes: a small queue's messages
 // are all in the index. A higher-priority message, or one that sorts
 // before the spill's end, stays in the index, so a backlog of mixed
-// priorities spills less. The file and the per-record hash and bitmap only
-// shrink when the spill empties: a queue whose backlog never drains below
-// the threshold keeps about 4 bytes of memory and its record on disk for
-// every message that passed through its spill (compaction is not done).
+// priorities spills less. A queue whose backlog never drains below the
+// threshold keeps its spill for good, so the spill is trimmed: once the
+// records at its head that are gone number at least 65,536 and at least as
+// many as the rest, after a commit and when no reader holds the spill,
+// the whole blocks of them are dropped from memory (the hashes, bitmap and
+// block offsets are copied without them, the records numbered again from
+// 0, the name table rebuilt) and punched out of the file
+// (FALLOC_FL_PUNCH_HOLE; where the file system cannot, the rest of the
+// file is copied to a new one). A spill then holds at most about twice
+// its live records plus 65,536, in memory and on disk, however many
+// messages passed through it in delivery order; a trim costs time in
+// proportion to the records kept, which the records dropped pay for.
+// Records that left from behind the head (a message leased or renamed by
+// name while older ones wait) stay until the head passes them.
 //
 // The spill is a cache of the snapshot and the journal: Open removes
 // DIR/spill and spills again while it loads, so recovery runs in the same

@@ -115,6 +115,7 @@ type index struct {
 	spillBatch int // spillBatchFor(spillKeep)
 	spillDir   string
 	spillGen   uint64
+	spillTrim  int                 // trimmable's trimAt
 	spilled    map[*queue]struct{} // queues with a spill
 	spillLog   func(msg string, err error)
 }
@@ -227,6 +228,28 @@ func (ix *index) moveToSpill(q *queue, es []*entry) {
 	for i, e := range es {
 		if (i >= n || !moved[i]) && sp.after(e) {
 			q.tail++
+		}
+	}
+}
+
+// trimSpills trims the spills that the changes of a batch took records
+// from, where a trim is due (spill.trim). Called once the batch is applied
+// and its file operations made, when no entry of it will be used again:
+// a trim numbers the records of a spill anew.
+func (ix *index) trimSpills(changes []change) {
+	for _, c := range changes {
+		if c.old == nil || c.old.slot == 0 {
+			continue
+		}
+		sp := c.old.q.spill
+		if sp != nil {
+			println("CAND", sp.head, sp.n, sp.refs.Load())
+		}
+		if sp == nil || !sp.trimmable(ix.spillTrim) {
+			continue
+		}
+		if err := sp.trim(); err != nil {
+			ix.spillLog("cannot trim the spill; it keeps its gone records", err)
 		}
 	}
 }

@@ -3,15 +3,19 @@ package fs
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/maphash"
+	"io"
 	"iter"
-
-	"github.com/google/btree"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"sync/atomic"
+
+	"github.com/google/btree"
+	"golang.org/x/sys/unix"
 
 	"yirangmq/queuecore"
 )
@@ -31,6 +35,9 @@ const (
 	// spillPerBlock records make a block, the unit read from the file; the
 	// index keeps an offset and a first ID per block.
 	spillPerBlock = 64
+	// defaultSpillTrimAt is the least number of gone records at the head
+	// of a spill that a trim drops: see trim.
+	defaultSpillTrimAt = 1 << 16
 )
 
 // spill is one queue's spill file and the compact index of its records.
@@ -41,8 +48,10 @@ const (
 // over the blocks' running maximum and a read of at most two blocks. Names are found through an open-addressing table of
 // record numbers keyed by a 32-bit hash of the name; a hit is confirmed by
 // reading the record. A record that leaves the ready state (lease, rename,
-// delete) is marked gone; the file is never rewritten, and it is removed
-// once no record in it is live.
+// delete) is marked gone; the file is removed once no record in it is
+// live, and the gone records at its head are dropped by trim once they are
+// many, so that a backlog that never drains costs memory and disk for the
+// records it holds, not for every record it ever held.
 //
 // The index's lock (the Store's mu) guards every field but refs; records
 // below n are immutable, so they may be read without the lock by whoever
@@ -53,8 +62,9 @@ type spill struct {
 	refs atomic.Int32 // the queue's reference plus one per reader; the last closes f
 	seed maphash.Seed
 
-	size     int64    // bytes written
-	n        int      // records written
+	size     int64    // bytes written (file offset of the next record)
+	punched  int64    // bytes at the start of the file given back to the file system (trim)
+	n        int      // records written since the last trim
 	head     int      // every record before head is gone
 	live     int      // records not gone
 	dropped  bool     // the queue let go of this spill
@@ -67,6 +77,7 @@ type spill struct {
 
 	lastKey       int64
 	lastSeq, last uint64 // seq and ID of the last record
+	trimmed       int64  // records dropped by trims
 }
 
 func newSpill(dir string, gen uint64, q string) (*spill, error) {
@@ -448,4 +459,90 @@ func (sp *spill) each(q *queue, fn func(*entry)) error {
 		}
 	}
 	return nil
+}
+
+// trimmable says whether a trim of the spill is due and allowed: its gone
+// head holds at least trimAt whole blocks' worth of records and at least
+// as many records as the rest (so that what a trim copies in memory, the
+// records it keeps, is paid for by the records it drops), and no reader
+// holds the spill (a view reads records by their numbers, which a trim
+// changes). The caller holds the index's lock.
+func (sp *spill) trimmable(trimAt int) bool {
+	cut := sp.head / spillPerBlock * spillPerBlock
+	return cut > 0 && cut >= trimAt && cut >= sp.n-cut && sp.refs.Load() == 1
+}
+
+// punchHole gives the file system the blocks of f's bytes [off, off+n)
+// back; a variable so that a test can take it away.
+var punchHole = func(f *os.File, off, n int64) error {
+	return unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)
+}
+
+// trim drops the blocks before the one that holds head, all of whose
+// records are gone, and numbers the records again from 0: the memory of a
+// spill is its records since the last trim. On disk the dropped bytes are
+// punched out of the file, so its offsets stay; where the file system
+// cannot punch holes, the records kept are copied to a new file. The
+// caller holds the index's lock, trimmable said yes, and no entry read
+// from the spill is still to be used (its slot is a record number).
+func (sp *spill) trim() error {
+	cb := sp.head / spillPerBlock
+	cut := cb * spillPerBlock
+	shift, err := sp.dropBytes(sp.blockOff[cb])
+	if err != nil {
+		return err
+	}
+	sp.hashes = slices.Clone(sp.hashes[cut:])
+	sp.gone = slices.Clone(sp.gone[cb:])
+	// The running maxima keep the IDs of the dropped blocks: still an
+	// upper bound, which is all that byID and canTake need.
+	sp.blockMax = slices.Clone(sp.blockMax[cb:])
+	off := slices.Clone(sp.blockOff[cb:])
+	for i := range off {
+		off[i] -= shift
+	}
+	sp.blockOff = off
+	sp.size -= shift
+	sp.n -= cut
+	sp.head -= cut
+	sp.trimmed += int64(cut)
+	sp.rebuildTable()
+	return nil
+}
+
+// dropBytes lets go of the file's bytes before off, and returns by how
+// much the offsets of the bytes after it moved (0 when punched).
+func (sp *spill) dropBytes(off int64) (shift int64, err error) {
+	end := off &^ 4095 // whole file system blocks only
+	if end <= sp.punched {
+		return 0, nil
+	}
+	err = punchHole(sp.f, sp.punched, end-sp.punched)
+	if err == nil {
+		sp.punched = end
+		return 0, nil
+	}
+	if !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.ENOSYS) {
+		return 0, fmt.Errorf("give back the head of spill %s: %w", sp.path, err)
+	}
+	// Copy the records kept to a new file under the same name.
+	tmp := sp.path + ".trim"
+	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err == nil {
+		_, err = io.Copy(f, io.NewSectionReader(sp.f, off, sp.size-off))
+		if err == nil {
+			err = os.Rename(tmp, sp.path)
+		}
+		if err != nil {
+			_ = f.Close()
+			_ = os.Remove(tmp)
+		}
+	}
+	if err != nil {
+		return 0, fmt.Errorf("copy the rest of spill %s: %w", sp.path, err)
+	}
+	_ = sp.f.Close()
+	sp.f = f
+	sp.punched = 0
+	return off, nil
 }

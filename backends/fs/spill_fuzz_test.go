@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -11,36 +12,52 @@ import (
 )
 
 // TestSpillRandom runs random batches (publishes, leases, nacks back to
-// inbox/ with a new Seq, renames, moves between queues, deletes, and
-// batches that fail halfway) on a store with a tiny spill threshold, and
-// after each one checks that every message List gives is found by ID
-// (Body) and by name (Lookup), and that Counts agree; it reopens the store
-// now and then.
+// inbox/ with a new Seq, renames, moves between queues, deletes of any
+// message and of the oldest, and batches that fail halfway) on a store
+// with a tiny spill threshold, and after each one checks that every
+// message List gives is found by ID (Body) and by name (Lookup), and that
+// Counts agree; it reopens the store now and then. Seed 4 keeps one queue
+// whose spill is trimmed as it goes (spill.trim), and fails if none was.
 func TestSpillRandom(t *testing.T) {
 	ctx := context.Background()
-	for seed := uint64(1); seed <= 3; seed++ {
+	for seed := uint64(1); seed <= 4; seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 7))
 			dir := t.TempDir()
-			cfg := config{spillAt: 2, checkpointBytes: 4096}
+			cfg := config{spillAt: 2, checkpointBytes: 4096, spillTrimAt: 1}
 			s := openTest(t, dir, queuecore.SyncOff, cfg, nil)
 			queues := []string{"a", "b", "c"}
+			inserts, width := 5, 4 // inserts in 10 ops; ops in a batch, at most
+			if seed == 4 {
+				// One queue whose spill lives long, and a backlog that
+				// grows slowly: its spill's head is trimmed.
+				queues, inserts, width = queues[:1], 4, 8
+			}
 			mustPutQueues(t, s, queues...)
 			live := map[uint64]queuecore.Message{}
 			var next uint64
+			var trimmed int64 // the most records a spill of queue a dropped
 			for step := range 400 {
 				var ops []queuecore.Op
-				for range 1 + rng.IntN(4) {
+				for range 1 + rng.IntN(width) {
 					ids := make([]uint64, 0, len(live))
 					for id := range live {
 						ids = append(ids, id)
 					}
-					if len(ids) == 0 || rng.IntN(10) < 5 {
+					if len(ids) == 0 || rng.IntN(10) < inserts {
 						next++
-						m := tmsg(next, queues[rng.IntN(3)], fmt.Sprintf("n%d", next), queuecore.StateReady)
+						m := tmsg(next, queues[rng.IntN(len(queues))], fmt.Sprintf("n%d", next), queuecore.StateReady)
 						m.Seq = next + uint64(rng.IntN(5)) // commits a little out of order
 						ops = append(ops, tins(m))
 						live[m.ID] = m
+						continue
+					}
+					if rng.IntN(2) == 0 {
+						// The oldest goes, as a consumer takes them: the
+						// head of a spill empties, and trims are tried.
+						id := slices.Min(ids)
+						delete(live, id)
+						ops = append(ops, tdel(id))
 						continue
 					}
 					m := live[ids[rng.IntN(len(ids))]]
@@ -58,7 +75,7 @@ func TestSpillRandom(t *testing.T) {
 					case 3:
 						m.Name = m.Name + "r"
 					case 4:
-						m.Queue = queues[rng.IntN(3)]
+						m.Queue = queues[rng.IntN(len(queues))]
 						next++
 						m.State, m.Seq = queuecore.StateReady, next
 					}
@@ -94,6 +111,12 @@ func TestSpillRandom(t *testing.T) {
 					s = openTest(t, dir, queuecore.SyncOff, cfg, nil)
 				}
 				checkSpillStore(t, s, queues, live, step)
+				if sp := s.ix.queues["a"].spill; sp != nil {
+					trimmed = max(trimmed, sp.trimmed)
+				}
+			}
+			if seed == 4 && trimmed == 0 {
+				t.Error("no spill was trimmed")
 			}
 		})
 	}

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"yirangmq/queuecore"
 )
 
@@ -253,4 +255,121 @@ func TestSpillOutOfOrder(t *testing.T) {
 			t.Errorf("Body(%d) = %q, %v", id, b, err)
 		}
 	}
+}
+
+// TestSpillTrim keeps a queue's backlog above the spill threshold while
+// 6,000 messages pass through it, one published for each one leased and
+// acked, so that the spill never empties: its gone head must be trimmed,
+// in memory (records held) and on disk (blocks of the file), with every
+// message delivered once, in order, before and after a reopen. Then the
+// same where the file system cannot punch holes (the kept records are
+// copied to a new file), and with a reader holding the spill (no trim).
+func TestSpillTrim(t *testing.T) {
+	for _, punch := range []bool{true, false} {
+		t.Run(fmt.Sprintf("punch=%v", punch), func(t *testing.T) {
+			if !punch {
+				old := punchHole
+				punchHole = func(*os.File, int64, int64) error { return unix.EOPNOTSUPP }
+				t.Cleanup(func() { punchHole = old })
+			}
+			testSpillTrim(t)
+		})
+	}
+}
+
+func testSpillTrim(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	const trimAt = 64
+	cfg := config{spillAt: 4, spillTrimAt: trimAt}
+	s := openTest(t, dir, queuecore.SyncOff, cfg, nil)
+	mustPutQueues(t, s, "q")
+	const backlog, passes = 100, 6000
+	var want []string // the ready names, in order
+	next := uint64(1)
+	publish := func() {
+		m := tmsg(next, "q", fmt.Sprintf("m%06d", next), queuecore.StateReady)
+		mustApply(t, s, tins(m))
+		want = append(want, m.Name)
+		next++
+	}
+	for range backlog {
+		publish()
+	}
+	q := s.ix.queues["q"]
+	sp := q.spill
+	if sp == nil {
+		t.Fatal("no spill after the backlog")
+	}
+	maxHeld := 0
+	for i := range passes {
+		publish()
+		var first queuecore.Message
+		if err := s.List(ctx, "q", queuecore.StateReady, func(m queuecore.Message) bool { first = m; return false }); err != nil {
+			t.Fatal(err)
+		}
+		if first.Name != want[0] {
+			t.Fatalf("pass %d: first ready message %q, want %q", i, first.Name, want[0])
+		}
+		want = want[1:]
+		first.State = queuecore.StateLeased
+		first.Deadline = epoch
+		mustApply(t, s, tupd(first))
+		mustApply(t, s, tdel(first.ID))
+		if q.spill != sp {
+			t.Fatalf("pass %d: the spill was dropped or replaced", i)
+		}
+		if sp.n != len(sp.hashes) || len(sp.gone) != (sp.n+63)/64 || len(sp.blockOff) != (sp.n+63)/64 {
+			t.Fatalf("pass %d: spill of %d records holds %d hashes, %d gone words, %d blocks", i, sp.n, len(sp.hashes), len(sp.gone), len(sp.blockOff))
+		}
+		maxHeld = max(maxHeld, sp.n)
+	}
+	// A trim is due once the gone head reaches trimAt and the rest: about
+	// twice the backlog, and a batch of appends more.
+	if limit := 2*(backlog+2*spillPerBlock) + trimAt; maxHeld > limit || sp.trimmed == 0 {
+		t.Errorf("the spill held up to %d records (trimmed %d of %d that passed), want at most %d", maxHeld, sp.trimmed, int64(sp.n)+sp.trimmed, limit)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(sp.path, &st); err != nil {
+		t.Fatal(err)
+	}
+	// A record is over 30 bytes here: 6,000 of them are over 128 KiB.
+	if onDisk := st.Blocks * 512; onDisk > 128<<10 || (!isPunched(sp) && st.Size > 128<<10) {
+		t.Errorf("the spill file takes %d bytes on disk (size %d) after %d records passed", onDisk, st.Size, int64(sp.n)+sp.trimmed)
+	}
+	if got := listNames(t, s, "q", queuecore.StateReady); !slices.Equal(got, want) {
+		t.Fatalf("List ready after the passes: %d names, want %d", len(got), len(want))
+	}
+	for _, name := range []string{want[0], want[len(want)/2], want[len(want)-1]} {
+		if m, err := s.Lookup(ctx, "q", name, false); err != nil || m.Name != name {
+			t.Errorf("Lookup %s = %q, %v", name, m.Name, err)
+		} else if b, err := s.Body(ctx, m.ID); err != nil || string(b) != string(tbody(m.ID)) {
+			t.Errorf("Body of %s = %q, %v", name, b, err)
+		}
+	}
+
+	// No trim while a reader holds the spill.
+	v := sp.view(false)
+	sp.head = sp.n - 1 // as if every record but the last were gone
+	if sp.trimmable(trimAt) {
+		t.Error("trimmable with a reader holding the spill")
+	}
+	v.sp.release()
+	sp.head = firstLive(sp)
+
+	crash(t, s)
+	s = openTest(t, dir, queuecore.SyncOff, cfg, nil)
+	if got := listNames(t, s, "q", queuecore.StateReady); !slices.Equal(got, want) {
+		t.Fatalf("List ready after a reopen: %d names, want %d", len(got), len(want))
+	}
+}
+
+func isPunched(sp *spill) bool { return sp.punched > 0 }
+
+func firstLive(sp *spill) int {
+	r := 0
+	for r < sp.n && sp.isGone(r) {
+		r++
+	}
+	return r
 }

@@ -67,6 +67,7 @@ type config struct {
 	spillAt         int                // ready messages per queue before newer ones spill; 0: defaultSpillAt, <0: never
 	fdatasync       func(fd int) error // nil: unix.Fdatasync; tests make it fail
 	maxDirtyMoves   int                // 0: maxDirtyMoves; tests make it small
+	spillTrimAt     int                // 0: defaultSpillTrimAt; tests make it small
 }
 
 func (s *Store) fdatasync(f *os.File) error {
@@ -187,6 +188,7 @@ func open(ctx context.Context, dir string, opts backends.Options, cfg config) (*
 	}
 	s.ix.spillKeep = spillKeepFor(s.ix.spillAt)
 	s.ix.spillBatch = spillBatchFor(s.ix.spillKeep)
+	s.ix.spillTrim = cmp.Or(cfg.spillTrimAt, defaultSpillTrimAt)
 	s.ix.spillDir = filepath.Join(dir, spillDir)
 	s.ix.spillLog = func(msg string, err error) { s.log.Warn(msg, logErr, err) }
 	if err := s.recover(ctx); err != nil {
