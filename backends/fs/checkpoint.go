@@ -79,6 +79,7 @@ func (s *Store) finishCheckpoint(start time.Time, old *journal, img *snapshotIma
 	s.held = nil
 	s.ckptRunning = false
 	img.release()
+	s.ix.trimAll() // the image's views may have put trims off
 	if err != nil {
 		err = fmt.Errorf("checkpoint: %w", err)
 		s.failLocked(err)

@@ -123,14 +123,18 @@
 // priorities spills less. A queue whose backlog never drains below the
 // threshold keeps its spill for good, so the spill is trimmed: once the
 // records at its head that are gone number at least 65,536 and at least as
-// many as the rest, after a commit and when no reader holds the spill,
-// the whole blocks of them are dropped from memory (the hashes, bitmap and
-// block offsets are copied without them, the records numbered again from
-// 0, the name table rebuilt) and punched out of the file
+// many as the rest, after a commit that took records from it or a
+// checkpoint, when no reader (a List, a checkpoint's image) holds the
+// spill, the whole blocks of them are dropped from memory (the hashes,
+// bitmap and block offsets are copied without them, the records numbered
+// again from 0, the name table rebuilt) and punched out of the file
 // (FALLOC_FL_PUNCH_HOLE; where the file system cannot, the rest of the
-// file is copied to a new one). A spill then holds at most about twice
-// its live records plus 65,536, in memory and on disk, however many
-// messages passed through it in delivery order; a trim costs time in
+// file is copied to a new one if it is under 8 MiB; a file that cannot
+// be trimmed keeps its bytes, said once in the log, and its memory is
+// trimmed all the same). A spill then holds about twice its live records
+// plus 65,536, in memory and on disk (more while readers keep putting
+// trims off), however many messages passed through it in delivery
+// order; a trim costs time in
 // proportion to the records kept, which the records dropped pay for.
 // Records that left from behind the head (a message leased or renamed by
 // name while older ones wait) stay until the head passes them.

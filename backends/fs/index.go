@@ -238,19 +238,27 @@ func (ix *index) moveToSpill(q *queue, es []*entry) {
 // a trim numbers the records of a spill anew.
 func (ix *index) trimSpills(changes []change) {
 	for _, c := range changes {
-		if c.old == nil || c.old.slot == 0 {
-			continue
+		if c.old != nil && c.old.slot > 0 {
+			ix.trimSpill(c.old.q)
 		}
-		sp := c.old.q.spill
-		if sp != nil {
-			println("CAND", sp.head, sp.n, sp.refs.Load())
-		}
-		if sp == nil || !sp.trimmable(ix.spillTrim) {
-			continue
-		}
-		if err := sp.trim(); err != nil {
-			ix.spillLog("cannot trim the spill; it keeps its gone records", err)
-		}
+	}
+}
+
+// trimAll trims every spill where a trim is due: after a checkpoint let
+// go of its views, which may have put off trims (spill.trimmable).
+func (ix *index) trimAll() {
+	for q := range ix.spilled {
+		ix.trimSpill(q)
+	}
+}
+
+func (ix *index) trimSpill(q *queue) {
+	sp := q.spill
+	if sp == nil || !sp.trimmable(ix.spillTrim) {
+		return
+	}
+	if err := sp.trim(); err != nil {
+		ix.spillLog("cannot give the spill's trimmed head back to the file system; its file keeps it", err)
 	}
 }
 

@@ -40,6 +40,9 @@ const (
 	defaultSpillTrimAt = 1 << 16
 )
 
+// spill.gone is a word of 64 bits per block: a trim drops whole words.
+var _ = [1]struct{}{}[spillPerBlock-64]
+
 // spill is one queue's spill file and the compact index of its records.
 // Records are appended in (key, seq, id) order, so the file is in List
 // order. IDs are nearly in that order too (queuecore gives IDs and Seqs
@@ -78,6 +81,7 @@ type spill struct {
 	lastKey       int64
 	lastSeq, last uint64 // seq and ID of the last record
 	trimmed       int64  // records dropped by trims
+	keepBytes     bool   // a trim of the file failed: trims leave it alone
 }
 
 func newSpill(dir string, gen uint64, q string) (*spill, error) {
@@ -482,18 +486,23 @@ var punchHole = func(f *os.File, off, n int64) error {
 // records are gone, and numbers the records again from 0: the memory of a
 // spill is its records since the last trim. On disk the dropped bytes are
 // punched out of the file, so its offsets stay; where the file system
-// cannot punch holes, the records kept are copied to a new file. The
-// caller holds the index's lock, trimmable said yes, and no entry read
-// from the spill is still to be used (its slot is a record number).
+// cannot punch holes, the records kept are copied to a new file (when
+// they are few: the copy is made under the index's lock). The memory is
+// trimmed whatever happens to the file; an error says the file kept its
+// bytes, and the file is not trimmed again (it is removed with the spill).
+// The caller holds the index's lock, trimmable said yes, and no entry
+// read from the spill is still to be used (its slot is a record number).
 func (sp *spill) trim() error {
 	cb := sp.head / spillPerBlock
 	cut := cb * spillPerBlock
-	shift, err := sp.dropBytes(sp.blockOff[cb])
-	if err != nil {
-		return err
+	var shift int64
+	var err error
+	if !sp.keepBytes {
+		shift, err = sp.dropBytes(sp.blockOff[cb])
+		sp.keepBytes = err != nil
 	}
 	sp.hashes = slices.Clone(sp.hashes[cut:])
-	sp.gone = slices.Clone(sp.gone[cb:])
+	sp.gone = slices.Clone(sp.gone[cb:]) // a word of bits per block
 	// The running maxima keep the IDs of the dropped blocks: still an
 	// upper bound, which is all that byID and canTake need.
 	sp.blockMax = slices.Clone(sp.blockMax[cb:])
@@ -507,8 +516,12 @@ func (sp *spill) trim() error {
 	sp.head -= cut
 	sp.trimmed += int64(cut)
 	sp.rebuildTable()
-	return nil
+	return err
 }
+
+// spillCopyMax is the most bytes a trim copies to a new file where the
+// file system cannot punch holes.
+const spillCopyMax = 8 << 20
 
 // dropBytes lets go of the file's bytes before off, and returns by how
 // much the offsets of the bytes after it moved (0 when punched).
@@ -524,6 +537,9 @@ func (sp *spill) dropBytes(off int64) (shift int64, err error) {
 	}
 	if !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.ENOSYS) {
 		return 0, fmt.Errorf("give back the head of spill %s: %w", sp.path, err)
+	}
+	if sp.size-off > spillCopyMax {
+		return 0, fmt.Errorf("punch a hole in spill %s: %w (and %d bytes are too many to copy)", sp.path, err, sp.size-off)
 	}
 	// Copy the records kept to a new file under the same name.
 	tmp := sp.path + ".trim"
