@@ -244,3 +244,44 @@ func TestBodyFileOutOfDescriptors(t *testing.T) {
 		t.Fatalf("read with %d messages open: %d bytes, %v", len(files), len(got), err)
 	}
 }
+
+// TestReadRightAfterPublish reads each message back as soon as its
+// close(2) returned, 2,000 times, on the fs store, whose reads are passed
+// through to its body files. The RELEASE of the publishing descriptor
+// comes after close(2) returns, so it can reach the daemon while the
+// reader's OPEN is being answered; go-fuse used to give back the node's
+// backing file at any RELEASE, then answered the OPEN with the closed
+// backing ID, and the kernel failed the open with EIO (about 1 in 100
+// here; see third_party/go-fuse/PATCHES.md).
+func TestReadRightAfterPublish(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root: the kernel takes backing files from root only")
+	}
+	if !kernelAtLeast(6, 9) {
+		t.Skip("FUSE passthrough needs Linux 6.9")
+	}
+	d := testenv.StartDaemon(t, testenv.DaemonOptions{Backend: "fs"})
+	q := mkq(t, d, "q", "")
+	var failed []string
+	for i := range 2000 {
+		path := filepath.Join(q, "inbox", fmt.Sprintf("m%d", i))
+		want := fmt.Sprintf("message %d\n", i)
+		f, err := os.Create(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteString(want); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(path)
+		if err != nil || string(got) != want {
+			failed = append(failed, fmt.Sprintf("m%d: %q, %v", i, got, err))
+		}
+	}
+	if len(failed) > 0 {
+		t.Fatalf("%d of 2000 reads right after the publish failed, the first: %s", len(failed), failed[0])
+	}
+}

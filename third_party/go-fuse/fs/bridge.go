@@ -52,6 +52,11 @@ type fileEntry struct {
 	// Handle number which we communicate to the kernel.
 	fh uint32
 
+	// backing is set when this handle took a reference on its node's
+	// backing ID (addBackingID); only such a handle gives one back at
+	// RELEASE. (Patched, see PATCHES.md.)
+	backing bool
+
 	// Protects directory fields. Must be acquired before rawBridge.ids'
 	// and rawBridge.backingMu's locks.
 	mu sync.Mutex
@@ -578,7 +583,7 @@ func (b *rawBridge) Create(cancel <-chan struct{}, input *fuse.CreateIn, name st
 	out.OpenFlags = flags
 
 	b.backingMu.Lock()
-	b.addBackingID(entry, f, &out.OpenOut)
+	b.addBackingID(entry, fe, f, &out.OpenOut)
 	b.backingMu.Unlock()
 	child.setEntryOut(&out.EntryOut)
 	b.setEntryOutTimeout(&out.EntryOut)
@@ -606,7 +611,7 @@ func (b *rawBridge) Tmpfile(cancel <-chan struct{}, input *fuse.CreateIn, out *f
 	out.OpenFlags = flags
 
 	b.backingMu.Lock()
-	b.addBackingID(entry, f, &out.OpenOut)
+	b.addBackingID(entry, fe, f, &out.OpenOut)
 	b.backingMu.Unlock()
 	child.setEntryOut(&out.EntryOut)
 	b.setEntryOutTimeout(&out.EntryOut)
@@ -836,13 +841,13 @@ func (b *rawBridge) Open(cancel <-chan struct{}, input *fuse.OpenIn, out *fuse.O
 
 		b.backingMu.Lock()
 		defer b.backingMu.Unlock()
-		b.addBackingID(e, f, out)
+		b.addBackingID(e, fe, f, out)
 	}
 	return fuse.OK
 }
 
 // must hold backingMu
-func (b *rawBridge) addBackingID(e *nodeEntry, f FileHandle, out *fuse.OpenOut) {
+func (b *rawBridge) addBackingID(e *nodeEntry, fe *fileEntry, f FileHandle, out *fuse.OpenOut) {
 	if b.disableBackingFiles {
 		return
 	}
@@ -879,6 +884,9 @@ func (b *rawBridge) addBackingID(e *nodeEntry, f FileHandle, out *fuse.OpenOut) 
 		out.OpenFlags |= fuse.FOPEN_PASSTHROUGH
 		out.OpenFlags &= ^uint32(fuse.FOPEN_KEEP_CACHE)
 		e.backingIDRefcount++
+		if fe != nil {
+			fe.backing = true
+		}
 	}
 }
 
@@ -972,7 +980,9 @@ func (b *rawBridge) Release(cancel <-chan struct{}, input *fuse.ReleaseIn) {
 	b.backingMu.Lock()
 	defer b.backingMu.Unlock()
 
-	b.releaseBackingIDRef(e)
+	if f.backing {
+		b.releaseBackingIDRef(e)
+	}
 	b.ids.recycleFile(uint32(input.Fh))
 }
 
@@ -992,7 +1002,9 @@ func (b *rawBridge) ReleaseDir(input *fuse.ReleaseIn) {
 
 	b.backingMu.Lock()
 	defer b.backingMu.Unlock()
-	b.releaseBackingIDRef(e)
+	if f.backing {
+		b.releaseBackingIDRef(e)
+	}
 	b.ids.recycleFile(uint32(input.Fh))
 }
 
