@@ -109,12 +109,7 @@ func TestBigBodies(t *testing.T) {
 // passthrough): reads succeed while the daemon is stopped. Kernels before
 // 6.9 have no passthrough; there the reads go through the daemon.
 func TestBodyPassthrough(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("needs root: the kernel takes backing files from root only")
-	}
-	if !kernelAtLeast(6, 9) {
-		t.Skip("FUSE passthrough needs Linux 6.9")
-	}
+	needPassthrough(t)
 	d := testenv.StartDaemon(t, testenv.DaemonOptions{Backend: "fs"})
 	q := mkq(t, d, "big", `{"maxMessageBytes": 8388608}`)
 	body := bigBody(3, 2<<20)
@@ -177,6 +172,17 @@ func readStopped(t *testing.T, d *testenv.Daemon, f *os.File, want []byte) bool 
 		t.Fatalf("read %d bytes, want the %d bytes written", len(got), len(want))
 	}
 	return stopped
+}
+
+// needPassthrough skips a test that needs FUSE passthrough to happen.
+func needPassthrough(t *testing.T) {
+	t.Helper()
+	if os.Getuid() != 0 {
+		t.Skip("needs root: the kernel takes backing files from root only")
+	}
+	if !kernelAtLeast(6, 9) {
+		t.Skip("FUSE passthrough needs Linux 6.9")
+	}
 }
 
 func kernelAtLeast(major, minor int) bool {
@@ -254,12 +260,7 @@ func TestBodyFileOutOfDescriptors(t *testing.T) {
 // backing ID, and the kernel failed the open with EIO (about 1 in 100
 // here; see third_party/go-fuse/PATCHES.md).
 func TestReadRightAfterPublish(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("needs root: the kernel takes backing files from root only")
-	}
-	if !kernelAtLeast(6, 9) {
-		t.Skip("FUSE passthrough needs Linux 6.9")
-	}
+	needPassthrough(t)
 	d := testenv.StartDaemon(t, testenv.DaemonOptions{Backend: "fs"})
 	q := mkq(t, d, "q", "")
 	var failed []string

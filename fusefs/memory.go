@@ -300,12 +300,14 @@ func (f *FS) watchMemory() {
 		pct := rss * 100 / budget
 		// Steady: within 1% of the budget of the first calm look of the
 		// run, so that slow growth does not count as steady.
-		if d := rss - steadyFrom; steady > 0 && pct < calmPct && !f.pressure.Load() && !f.full.Load() && d < budget/100 && -d < budget/100 {
-			steady++
-		} else if pct < calmPct && !f.pressure.Load() && !f.full.Load() {
-			steady, steadyFrom = 1, rss
-		} else {
+		calm := pct < calmPct && !f.pressure.Load() && !f.full.Load()
+		switch d := rss - steadyFrom; {
+		case !calm:
 			steady = 0
+		case steady > 0 && d < budget/100 && -d < budget/100:
+			steady++
+		default:
+			steady, steadyFrom = 1, rss
 		}
 		if steady >= memWatchCalmLooks {
 			t.Stop()

@@ -138,17 +138,7 @@ func (s *scheduler) work() (next, untimed time.Time) {
 		return t, t
 	}
 	soonest := func(t time.Time) {
-		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
-			next = t
-		}
-		if !t.IsZero() && (untimed.IsZero() || t.Before(untimed)) {
-			untimed = t
-		}
-	}
-	soonestDeadline := func(t time.Time) {
-		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
-			next = t
-		}
+		next, untimed = earliest(next, t), earliest(untimed, t)
 	}
 	busy := false
 	expired := 0
@@ -190,13 +180,21 @@ func (s *scheduler) work() (next, untimed time.Time) {
 		c.log.Error("scheduler: read next due time", logErr, err)
 		soonest(now.Add(time.Second))
 	} else if ok {
-		soonestDeadline(t)
+		next = earliest(next, t) // a message's deadline: not untimed
 	}
 	if busy {
 		soonest(now.Add(busyRetry))
 	}
 	soonest(c.leaser.lookAgain(now))
 	return next, untimed
+}
+
+// earliest returns the earlier of a and b, a zero time being never.
+func earliest(a, b time.Time) time.Time {
+	if a.IsZero() || !b.IsZero() && b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // tryClaim reserves one name without waiting.

@@ -465,8 +465,8 @@ func (sp *spill) each(q *queue, fn func(*entry)) error {
 	return nil
 }
 
-// trimmable says whether a trim of the spill is due and allowed: its gone
-// head holds at least trimAt whole blocks' worth of records and at least
+// trimmable says whether a trim of the spill is due and allowed: the
+// whole blocks of its gone head hold at least trimAt records and at least
 // as many records as the rest (so that what a trim copies in memory, the
 // records it keeps, is paid for by the records it drops), and no reader
 // holds the spill (a view reads records by their numbers, which a trim
