@@ -19,12 +19,22 @@ type BodyFiler interface {
 	BodyFile(ctx context.Context, id uint64) (*os.File, error)
 }
 
+// BodyFileMinner is implemented by a BodyFiler that keeps only the bodies
+// of at least BodyFileMin bytes in files (the sqlite store): a smaller
+// body is always in the store, so a reader may keep it in the page cache.
+type BodyFileMinner interface {
+	BodyFileMin() int64
+}
+
 // BodyFile opens the file of m's body for reading in place, when the store
 // keeps bodies in files (inFiles). f is nil when it does not, or when m's
 // body is not in its file yet; Body has it then. The caller closes f.
 func (c *Core) BodyFile(ctx context.Context, m Message) (f *os.File, inFiles bool, err error) {
 	s, ok := c.store.(BodyFiler)
 	if !ok {
+		return nil, false, nil
+	}
+	if mm, ok := s.(BodyFileMinner); ok && m.Size < mm.BodyFileMin() {
 		return nil, false, nil
 	}
 	f, err = s.BodyFile(ctx, m.ID)

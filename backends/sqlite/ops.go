@@ -17,7 +17,7 @@ func (s *Store) Apply(_ context.Context, ops []queuecore.Op) error {
 	if len(ops) == 0 {
 		return nil
 	}
-	return s.write(&batch{ops: ops})
+	return s.apply(ops)
 }
 
 // PutQueue creates a queue or replaces its policy and permissions (its
@@ -28,7 +28,12 @@ func (s *Store) PutQueue(_ context.Context, q queuecore.QueueInfo) error {
 
 // DeleteQueue removes a queue and its messages in one transaction.
 func (s *Store) DeleteQueue(_ context.Context, name string) error {
-	return s.write(&batch{fn: deleteQueueFn(name)})
+	b := &batch{fn: deleteQueueFn(name)}
+	if err := s.write(b); err != nil {
+		return err
+	}
+	s.removeFiles(b.gone)
+	return nil
 }
 
 // Queues lists every queue by name (byte order).
@@ -100,9 +105,11 @@ func (s *Store) Lookup(_ context.Context, queue, name string, archived bool) (qu
 // Body returns the body of message id.
 func (s *Store) Body(_ context.Context, id uint64) ([]byte, error) {
 	var body []byte
+	var inFile bool
+	var size int64
 	err := s.readPoint(func(r *reader, _ bool) error {
 		r.args[0].Value = int64(id)
-		dest := r.dest[:1]
+		dest := r.dest[:2]
 		found, err := r.one(r.body, 1, dest)
 		if err != nil {
 			return err
@@ -110,13 +117,20 @@ func (s *Store) Body(_ context.Context, id uint64) ([]byte, error) {
 		if !found {
 			return queuecore.ErrNotFound
 		}
-		if dest[0] == nil {
-			return errors.New("body is missing from the store")
-		}
 		var c scanner
+		if dest[0] == nil {
+			if dest[1] == nil {
+				return errors.New("body is missing from the store")
+			}
+			inFile, size = true, c.int(dest[1]) // read below
+			return c.err
+		}
 		body = c.bytes(dest[0])
 		return c.err
 	})
+	if err == nil && inFile {
+		body, err = s.readFile(id, size)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("body of message %d: %w", id, err)
 	}

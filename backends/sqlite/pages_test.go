@@ -79,11 +79,12 @@ func TestPagesPerCommit(t *testing.T) {
 
 // TestLargeBody: a body over inlineBody is kept apart, so that leasing
 // and archiving its message do not write it again; it goes with its
-// message and with its queue.
+// message and with its queue. (Bodies in files are off here: the
+// conformance suite runs with them, TestFileBodies checks them.)
 func TestLargeBody(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	s := openTest(t, dir, queuecore.SyncNormal)
+	s := openTuned(t, dir, queuecore.SyncNormal, tuning{fileBodies: -1})
 	for _, q := range []string{"bench", "other"} {
 		if err := s.PutQueue(ctx, queuecore.QueueInfo{Name: q}); err != nil {
 			t.Fatal(err)

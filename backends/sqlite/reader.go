@@ -21,8 +21,8 @@ import (
 type reader struct {
 	conn *sqlite3.SQLiteConn
 
-	queues, body, due, nextDue, counts, maxID *sqlite3.SQLiteStmt
-	lookup                                    [2]*sqlite3.SQLiteStmt // by archived
+	queues, body, size, due, nextDue, counts, maxID *sqlite3.SQLiteStmt
+	lookup                                          [2]*sqlite3.SQLiteStmt // by archived
 	// list and listAfter by state: the whole list, and its rest after a
 	// given (sk, seq, id).
 	list, listAfter [len(queuecore.States) + 1]*sqlite3.SQLiteStmt
@@ -56,6 +56,7 @@ func newReader(c *sqlite3.SQLiteConn) (*reader, error) {
 		{&r.lookup[0], sqlLookup(0)},
 		{&r.lookup[1], sqlLookup(1)},
 		{&r.body, sqlBody},
+		{&r.size, sqlSize},
 		{&r.due, sqlDue},
 		{&r.nextDue, sqlNextDue},
 		{&r.counts, sqlCounts},
@@ -81,7 +82,7 @@ func (r *reader) close() error {
 }
 
 func (r *reader) closeStmts() {
-	stmts := []*sqlite3.SQLiteStmt{r.queues, r.body, r.due, r.nextDue, r.counts, r.maxID}
+	stmts := []*sqlite3.SQLiteStmt{r.queues, r.body, r.size, r.due, r.nextDue, r.counts, r.maxID}
 	stmts = append(stmts, r.lookup[:]...)
 	stmts = append(stmts, r.list[:]...)
 	stmts = append(stmts, r.listAfter[:]...)

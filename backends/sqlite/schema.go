@@ -14,7 +14,11 @@ import (
 // schemaVersion is PRAGMA user_version of a store this package writes. A
 // store with a larger version was written by a newer yirangmq: refuse it
 // rather than guess.
-const schemaVersion = 1
+//
+// Version 2 added the files table (bodies kept in files, files.go). A
+// version 1 store is upgraded in place when it is opened; an older
+// yirangmq then refuses it, as it could not read those bodies.
+const schemaVersion = 2
 
 // schema creates a new store. Notes on the choices:
 //
@@ -28,7 +32,9 @@ const schemaVersion = 1
 //     changes its size, so a 256 KiB body kept in the row would be
 //     written again at every lease, nack and ack. The trigger
 //     messages_body_delete deletes it with its message (and so with its
-//     queue).
+//     queue). A body of fileBodies bytes or more is in a file of its own
+//     instead (files.go): messages.body is NULL, bodies has no row, and
+//     files has the message's ID.
 //   - messages_name makes a name unique among a queue's live messages
 //     (state=5 is 0) and separately among its archived ones (state=5 is 1);
 //     Lookup uses it with the same expression.
@@ -91,7 +97,7 @@ WHEN old.body IS NULL
 BEGIN
 	DELETE FROM bodies WHERE id = old.id;
 END;
-
+` + schemaFiles + `
 CREATE UNIQUE INDEX messages_name ON messages (queue, state = 5, name);
 CREATE INDEX messages_order ON messages (queue, state, sk, seq);
 CREATE INDEX messages_due ON messages (sk) WHERE state IN (2, 3);
@@ -112,6 +118,22 @@ CREATE TRIGGER messages_hwm_update AFTER UPDATE OF seq ON messages
 WHEN old.seq > new.seq AND old.seq > (SELECT hwm FROM meta WHERE one = 1)
 BEGIN
 	UPDATE meta SET hwm = old.seq | 1023 WHERE one = 1;
+END;
+`
+
+// schemaFiles is what version 2 added to version 1: the IDs of the
+// messages whose body is in a file (files.go) and the files' sizes,
+// forgotten with their message.
+const schemaFiles = `
+CREATE TABLE files (
+	id   INTEGER PRIMARY KEY,
+	size INTEGER NOT NULL -- of the file, checked at every open
+);
+
+CREATE TRIGGER messages_file_delete AFTER DELETE ON messages
+WHEN old.body IS NULL
+BEGIN
+	DELETE FROM files WHERE id = old.id;
 END;
 `
 
@@ -140,6 +162,9 @@ const (
 	redrives = ?15, reason = ?16, reason_message = ?17, failed_at = ?18,
 	consumer = ?19, dedup_key = ?20, uid = ?21, gid = ?22 WHERE id = ?1`
 	sqlInsertBody = `INSERT INTO bodies (id, body) VALUES (?1, ?2)`
+	sqlInsertFile = `INSERT INTO files (id, size) VALUES (?1, ?2)`
+	sqlFileOf     = `SELECT id FROM files WHERE id = ?1`
+	sqlQueueFiles = `SELECT f.id FROM files f JOIN messages m ON m.id = f.id WHERE m.queue = ?1`
 	sqlDelete     = `DELETE FROM messages WHERE id = ?1`
 	sqlPutQueue   = `INSERT INTO queues (name, policy, uid, gid, mode, created_at)
 	VALUES (?1, ?2, ?3, ?4, ?5, ?6)
@@ -154,8 +179,11 @@ const (
 	sqlQueues = `SELECT name, policy, uid, gid, mode, created_at FROM queues ORDER BY name`
 	// The subquery runs only for a body kept apart (coalesce stops at the
 	// first non-NULL argument).
-	sqlBody = `SELECT coalesce(m.body, (SELECT b.body FROM bodies b WHERE b.id = m.id))
+	// NULL with no row in bodies: the body is in a file (files.go).
+	sqlBody = `SELECT coalesce(m.body, (SELECT b.body FROM bodies b WHERE b.id = m.id)),
+	CASE WHEN m.body IS NULL THEN (SELECT f.size FROM files f WHERE f.id = m.id) END
 	FROM messages m WHERE m.id = ?1`
+	sqlSize = `SELECT size FROM files WHERE id = ?1`
 	// No LIMIT ?: SQLite plans with the bound value of a LIMIT, so it
 	// would prepare the statement again at every call. Due stops reading
 	// at its limit instead.
@@ -210,6 +238,13 @@ func migrate(c *sqlite3.SQLiteConn) error {
 	}
 	switch {
 	case v == schemaVersion:
+		return nil
+	case v == 1:
+		script := "BEGIN IMMEDIATE;" + schemaFiles + fmt.Sprintf("PRAGMA user_version = %d; COMMIT;", schemaVersion)
+		if _, err := c.Exec(script, nil); err != nil {
+			_, _ = c.Exec("ROLLBACK", nil)
+			return fmt.Errorf("upgrade schema from version 1: %w", err)
+		}
 		return nil
 	case v > schemaVersion:
 		return fmt.Errorf("store schema version %d is newer than this yirangmq supports (%d)", v, schemaVersion)

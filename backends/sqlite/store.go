@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/mattn/go-sqlite3"
@@ -81,6 +82,14 @@ type Store struct {
 	readersMu sync.Mutex
 	readers   int
 
+	// Body files (files.go): their directory, whether the store has or
+	// had any since it was opened, and the IDs whose file an Apply is
+	// writing.
+	bodies    string
+	hasFiles  atomic.Bool
+	writingMu sync.Mutex
+	writing   map[uint64]struct{}
+
 	tuning tuning
 	anchor *anchor  // vfs.go
 	lazy   lazySync // SyncFull's leases and acks (lazysync.go)
@@ -95,6 +104,8 @@ type tuning struct {
 	walAutocheckpoint int
 	// pageSize of a new database, when not 0 (else defaultPageSize).
 	pageSize int
+	// fileBodies is Tuning.FileBodies.
+	fileBodies int64
 }
 
 // defaultPageSize is the page size of a new database. A message operation
@@ -112,6 +123,11 @@ var _ queuecore.Store = (*Store)(nil)
 // has the store, the error wraps queuecore.ErrLocked and names the holder.
 func Open(ctx context.Context, dir string, opts backends.Options) (*Store, error) {
 	return open(ctx, dir, opts, tuning{})
+}
+
+// OpenTuned is Open with the settings of t.
+func OpenTuned(ctx context.Context, dir string, opts backends.Options, t Tuning) (*Store, error) {
+	return open(ctx, dir, opts, tuning{fileBodies: t.FileBodies})
 }
 
 func open(ctx context.Context, dir string, opts backends.Options, tun tuning) (*Store, error) {
@@ -134,8 +150,10 @@ func open(ctx context.Context, dir string, opts backends.Options, tun tuning) (*
 		sync:   opts.Sync,
 		log:    opts.Log(),
 		lock:   lock,
-		idle:   make(chan *reader, maxReaders),
-		tuning: tun,
+		idle:    make(chan *reader, maxReaders),
+		tuning:  tun,
+		bodies:  filepath.Join(abs, bodiesDir),
+		writing: map[uint64]struct{}{},
 	}
 	s.writerFree = sync.NewCond(&s.groupMu)
 	s.lazy.wal = s.path + "-wal"
@@ -171,6 +189,10 @@ func (s *Store) open() error {
 		return err
 	}
 	if s.w, err = openWriter(c); err != nil {
+		return err
+	}
+	s.w.hasFiles = &s.hasFiles
+	if err := s.openFiles(); err != nil {
 		return err
 	}
 	if !s.tuning.plainVFS {

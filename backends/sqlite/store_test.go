@@ -357,7 +357,7 @@ func TestReadDuringCommit(t *testing.T) {
 		if _, err := w.exec(w.begin, nil); err != nil {
 			t.Fatal(err)
 		}
-		if err := w.apply(&insert(2, "q", "uncommitted")[0]); err != nil {
+		if err := w.apply(&insert(2, "q", "uncommitted")[0], false); err != nil {
 			t.Fatal(err)
 		}
 		done := make(chan error, 1)

@@ -5,6 +5,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/mattn/go-sqlite3"
 
@@ -19,6 +20,11 @@ type batch struct {
 	fn   func(w *writer) error
 	err  error
 	done bool
+	// inFile marks the inserts of ops whose body Apply wrote to its file
+	// (files.go); nil when none. gone lists the body files that the
+	// batch's deletes left unreferenced, to be removed once it committed.
+	inFile []bool
+	gone   []uint64
 	// wake is made when the caller has to wait (a commit is in flight);
 	// it is signalled once, under groupMu: when the batch is done, or
 	// when its caller is to lead the next commit.
@@ -29,7 +35,7 @@ type batch struct {
 // a transaction of its own: no BEGIN, SAVEPOINT or COMMIT needed. (An
 // insert with a large body is two: the row and the body.)
 func (b *batch) single() bool {
-	return b.fn != nil || len(b.ops) == 1 && (b.ops[0].Kind != queuecore.OpInsert || len(b.ops[0].Body) <= inlineBody)
+	return b.fn != nil || len(b.ops) == 1 && b.inFile == nil && (b.ops[0].Kind != queuecore.OpInsert || len(b.ops[0].Body) <= inlineBody)
 }
 
 // write hands b to the group commit and returns its result.
@@ -154,12 +160,19 @@ type writer struct {
 	conn *sqlite3.SQLiteConn
 
 	insert, insertBody          *sqlite3.SQLiteStmt
+	insertFile, fileOfStmt      *sqlite3.SQLiteStmt
+	queueFilesStmt              *sqlite3.SQLiteStmt
 	update, delete              *sqlite3.SQLiteStmt
 	putQueue, deleteQueue       *sqlite3.SQLiteStmt
 	begin, commit, rollback     *sqlite3.SQLiteStmt
 	savepoint, release, restore *sqlite3.SQLiteStmt
 
 	args []driver.NamedValue
+
+	// gone collects, for the batch being run, the IDs whose body files
+	// its deletes made unreferenced (files.go); hasFiles is the store's.
+	gone     []uint64
+	hasFiles *atomic.Bool
 
 	// reads are the read statements on the writer's connection
 	// (Store.readPoint).
@@ -176,6 +189,9 @@ func openWriter(c *sqlite3.SQLiteConn) (*writer, error) {
 	}{
 		{&w.insert, sqlInsert},
 		{&w.insertBody, sqlInsertBody},
+		{&w.insertFile, sqlInsertFile},
+		{&w.fileOfStmt, sqlFileOf},
+		{&w.queueFilesStmt, sqlQueueFiles},
 		{&w.update, sqlUpdate},
 		{&w.delete, sqlDelete},
 		{&w.putQueue, sqlPutQueue},
@@ -211,7 +227,7 @@ func openWriter(c *sqlite3.SQLiteConn) (*writer, error) {
 // close finalizes the statements and closes the connection.
 func (w *writer) close() error {
 	for _, st := range []*sqlite3.SQLiteStmt{
-		w.insert, w.insertBody, w.update, w.delete, w.putQueue, w.deleteQueue,
+		w.insert, w.insertBody, w.insertFile, w.fileOfStmt, w.queueFilesStmt, w.update, w.delete, w.putQueue, w.deleteQueue,
 		w.begin, w.commit, w.rollback, w.savepoint, w.release, w.restore,
 	} {
 		if st != nil {
@@ -333,11 +349,21 @@ func failAll(group []*batch, err error) {
 // run executes one batch's statements inside the current transaction (or
 // as its own, when it is a single statement).
 func (w *writer) run(b *batch) error {
+	w.gone = w.gone[:0]
+	b.gone = nil
+	err := w.runOps(b)
+	if err == nil && len(w.gone) > 0 {
+		b.gone = append([]uint64(nil), w.gone...)
+	}
+	return err
+}
+
+func (w *writer) runOps(b *batch) error {
 	if b.fn != nil {
 		return b.fn(w)
 	}
 	for i := range b.ops {
-		if err := w.apply(&b.ops[i]); err != nil {
+		if err := w.apply(&b.ops[i], b.inFile != nil && b.inFile[i]); err != nil {
 			if len(b.ops) > 1 {
 				return fmt.Errorf("op %d of %d: %w", i+1, len(b.ops), err)
 			}
@@ -347,8 +373,9 @@ func (w *writer) run(b *batch) error {
 	return nil
 }
 
-// apply executes one op.
-func (w *writer) apply(op *queuecore.Op) error {
+// apply executes one op. inFile: the op is an insert whose body is in its
+// file already.
+func (w *writer) apply(op *queuecore.Op, inFile bool) error {
 	m := &op.Msg
 	switch op.Kind {
 	case queuecore.OpInsert, queuecore.OpUpdate:
@@ -363,9 +390,9 @@ func (w *writer) apply(op *queuecore.Op) error {
 	switch op.Kind {
 	case queuecore.OpInsert:
 		bindMessage(w.args, m)
-		apart := len(op.Body) > inlineBody
+		apart := len(op.Body) > inlineBody && !inFile
 		switch {
-		case apart:
+		case apart, inFile:
 			w.args[nMsgCols].Value = nil // NULL: in bodies
 		case op.Body == nil:
 			w.args[nMsgCols].Value = []byte{} // nil would bind NULL
@@ -386,6 +413,13 @@ func (w *writer) apply(op *queuecore.Op) error {
 				return opErr("insert body of", m, err)
 			}
 		}
+		if inFile {
+			w.args[0].Value = int64(m.ID)
+			w.args[1].Value = int64(len(op.Body))
+			if _, err := w.exec(w.insertFile, w.args[:2]); err != nil {
+				return opErr("record the body file of", m, err)
+			}
+		}
 	case queuecore.OpUpdate:
 		bindMessage(w.args, m)
 		n, err := w.exec(w.update, w.args[:nMsgCols])
@@ -396,6 +430,10 @@ func (w *writer) apply(op *queuecore.Op) error {
 			return fmt.Errorf("update message %d: %w", m.ID, queuecore.ErrNotFound)
 		}
 	case queuecore.OpDelete:
+		file, err := w.fileOf(m.ID)
+		if err != nil {
+			return fmt.Errorf("delete message %d: %w", m.ID, err)
+		}
 		w.args[0].Value = int64(m.ID)
 		n, err := w.exec(w.delete, w.args[:1])
 		if err != nil {
@@ -404,6 +442,49 @@ func (w *writer) apply(op *queuecore.Op) error {
 		if n == 0 {
 			return fmt.Errorf("delete message %d: %w", m.ID, queuecore.ErrNotFound)
 		}
+		if file {
+			w.gone = append(w.gone, m.ID)
+		}
+	}
+	return nil
+}
+
+// fileOf reports whether message id's body is in a file. A store that
+// never had one asks nothing.
+func (w *writer) fileOf(id uint64) (bool, error) {
+	if !w.hasFiles.Load() {
+		return false, nil
+	}
+	r := w.reads
+	r.args[0].Value = int64(id)
+	found, err := r.one(w.fileOfStmt, 1, r.dest[:1])
+	if err != nil {
+		return false, fmt.Errorf("look up its body file: %w", err)
+	}
+	return found, nil
+}
+
+// queueFiles adds the body files of queue's messages to w.gone.
+func (w *writer) queueFiles(queue string) error {
+	if !w.hasFiles.Load() {
+		return nil
+	}
+	r := w.reads
+	r.args[0].Value = queue
+	rows, err := r.rows(w.queueFilesStmt, 1)
+	if err != nil {
+		return fmt.Errorf("list its body files: %w", err)
+	}
+	defer rows.Close()
+	dest := r.dest[:1]
+	err = eachRow(rows, dest, func() (bool, error) {
+		var c scanner
+		id := c.int(dest[0])
+		w.gone = append(w.gone, uint64(id))
+		return true, c.err
+	})
+	if err != nil {
+		return fmt.Errorf("list its body files: %w", err)
 	}
 	return nil
 }
@@ -448,6 +529,9 @@ func putQueueFn(q queuecore.QueueInfo) func(*writer) error {
 // its messages in the same statement.
 func deleteQueueFn(name string) func(*writer) error {
 	return func(w *writer) error {
+		if err := w.queueFiles(name); err != nil {
+			return fmt.Errorf("delete queue %q: %w", name, err)
+		}
 		w.args[0].Value = name
 		n, err := w.exec(w.deleteQueue, w.args[:1])
 		if err != nil {

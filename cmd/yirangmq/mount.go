@@ -38,6 +38,7 @@ type mountFlags struct {
 	memoryBudget                    string
 	maxMessageInodes                int
 	cpuProfile                      string
+	sqliteFileBodies                string
 	// limits for several users on one mount (docs/multiuser.md)
 	nextReaders, nextReadersPerUID, nextReadersPerQueue int
 	draftMiB, draftMiBPerUID                            int64
@@ -68,6 +69,7 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	fl.Int64Var(&f.draftMiB, "max-draft-mib", lim.MaxDraftBytes>>20, "MiB held for files not committed yet, in all (past it a write fails with EDQUOT)")
 	fl.Int64Var(&f.draftMiBPerUID, "max-draft-mib-per-uid", lim.MaxDraftBytesPerUID>>20, "MiB held for files not committed yet, per writer uid")
 	fl.StringVar(&f.memoryBudget, "memory-budget", "auto", "RSS at which the daemon sheds caches (70%) and refuses new messages with ENOSPC (90%): a size (48MiB), off, or auto (3/4 of the cgroup's memory limit; off without one)")
+	fl.StringVar(&f.sqliteFileBodies, "sqlite-file-bodies", "256K", "with --backend sqlite: bodies of this SIZE or more are kept in files of their own (STORE/bodies/), which readers read in place; 0: none, every body in the database file")
 	fl.IntVar(&fsSpillAt, "fs-spill-at", fsSpillAt, "with --backend fs: ready messages a queue keeps in memory before newer ones go to a spill file on disk (-1: never)")
 	fl.IntVar(&f.maxMessageInodes, "max-message-inodes", fusefs.DefaultMaxMessageInodes, "message inodes the kernel may cache before it is asked to forget the least recently used (0: no limit)")
 	// For measuring the daemon: a CPU profile to FILE, and the
@@ -125,6 +127,12 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	logMax, err := parseSize(f.logMaxSize)
 	if err != nil {
 		return fmt.Errorf("--log-max-size: %w", err)
+	}
+	if sqliteFileBodies, err = parseSize(f.sqliteFileBodies); err != nil {
+		return fmt.Errorf("--sqlite-file-bodies: %w", err)
+	}
+	if sqliteFileBodies == 0 {
+		sqliteFileBodies = -1 // never
 	}
 	budget, cgLimit, err := parseMemoryBudget(f.memoryBudget)
 	if err != nil {

@@ -35,13 +35,17 @@ func defaultStore() string {
 // keeps in memory before newer ones go to its spill file.
 var fsSpillAt = fs.DefaultSpillAt
 
+// sqliteFileBodies is --sqlite-file-bodies: the body size from which the
+// sqlite store keeps a body in a file (0: its default, -1: never).
+var sqliteFileBodies int64
+
 // openStore opens the store of a backend; this is the one place where the
 // command line meets the backends.
 func openStore(ctx context.Context, backend, dir string, sync queuecore.SyncMode, holder string, log *slog.Logger) (queuecore.Store, error) {
 	opts := backends.Options{Sync: sync, Holder: holder, Logger: log}
 	switch backend {
 	case "sqlite":
-		return sqlite.Open(ctx, dir, opts)
+		return sqlite.OpenTuned(ctx, dir, opts, sqlite.Tuning{FileBodies: sqliteFileBodies})
 	case "fs":
 		return fs.OpenTuned(ctx, dir, opts, fs.Tuning{SpillAt: fsSpillAt})
 	case "postgres":

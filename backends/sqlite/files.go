@@ -1,0 +1,384 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+
+	"yirangmq/queuecore"
+)
+
+// Big bodies live in files, not in the database.
+//
+// A body of fileBodies bytes or more (256 KiB by default, Tuning) is
+// written to STORE/bodies/ID, a file of its own, and its row records that
+// (messages.body NULL, the ID in the files table). In the database such a
+// body would be 128 overflow pages per 256 KiB: written to the WAL a page
+// at a time, copied into the database file by the next checkpoint, read
+// back through SQLite's page cache and copied twice more at every read.
+// In a file it is written once, and a reader through the mount reads it
+// in place (queuecore.BodyFiler: FUSE passthrough, as the fs store's).
+//
+// Order of writes, so that no committed row ever names a missing file:
+//
+//   - Apply writes each such body to its file (O_EXCL: an ID is never
+//     given twice) before the batch goes to the writer; in SyncFull and
+//     SyncStrict it fdatasyncs the files and then fsyncs bodies/ once, so
+//     the files are on disk before the commit that names them is.
+//   - If the batch fails, Apply removes the files it wrote.
+//   - A delete (an ack, a queue deleted) removes the file after the
+//     commit that deleted the row returned, from the caller's goroutine.
+//
+// What a crash leaves, and what Open does with it (sweepFiles):
+//
+//   - a file whose row never committed (a crash between the two): an
+//     orphan, removed;
+//   - a file whose row was deleted before the crash but not removed:
+//     an orphan, removed;
+//   - a row whose file is gone: in SyncFull an ack is not waited for
+//     (queuecore.Op.NoSync), so a power cut can undo the delete of a row
+//     whose file was removed after it. The message was acked; Open deletes
+//     the row and logs it, rather than keep a message that cannot be read.
+//     (Only a removal by hand makes it happen otherwise, and then the body
+//     is lost anyway.)
+
+// defaultFileBodies is the size from which a body is kept in a file: past
+// it, a read through the mount is served from the file by the kernel and
+// a body costs the database no pages; below it, a file would cost a
+// publish two more syncs (the file, the directory) than the WAL's.
+const defaultFileBodies = 256 << 10
+
+// bodiesDir is the directory of body files inside the store directory.
+const bodiesDir = "bodies"
+
+// Tuning holds the sqlite store's settings beyond backends.Options.
+type Tuning struct {
+	// FileBodies is the size in bytes from which a body is kept in a
+	// file of its own (0: 256 KiB; negative: never, every body stays in
+	// the database file).
+	FileBodies int64
+}
+
+// fileMin returns the least body size kept in a file, or 0 for none.
+func (s *Store) fileMin() int64 {
+	switch n := s.tuning.fileBodies; {
+	case n < 0:
+		return 0
+	case n == 0:
+		return defaultFileBodies
+	default:
+		return n
+	}
+}
+
+// BodyFileMin tells queuecore that bodies smaller than this are never in
+// files (queuecore.BodyFileMinner): a read of one needs no look for a file.
+func (s *Store) BodyFileMin() int64 {
+	if n := s.fileMin(); n > 0 {
+		return n
+	}
+	return 1 << 62 // none are; files from an earlier run are read by Body
+}
+
+func (s *Store) bodyPath(id uint64) string {
+	return filepath.Join(s.bodies, strconv.FormatUint(id, 10))
+}
+
+// apply is Apply: bodies past fileMin go to their files first.
+func (s *Store) apply(ops []queuecore.Op) error {
+	b := &batch{ops: ops}
+	if min := s.fileMin(); min > 0 {
+		for i := range ops {
+			if ops[i].Kind == queuecore.OpInsert && int64(len(ops[i].Body)) >= min {
+				if b.inFile == nil {
+					b.inFile = make([]bool, len(ops))
+				}
+				b.inFile[i] = true
+			}
+		}
+	}
+	if b.inFile != nil {
+		written, err := s.writeFiles(ops, b.inFile)
+		defer s.forget(written)
+		if err != nil {
+			s.removeFiles(written)
+			return withErrno(err)
+		}
+		if err := s.write(b); err != nil {
+			s.removeFiles(written)
+			return err
+		}
+	} else if err := s.write(b); err != nil {
+		return err
+	}
+	s.removeFiles(b.gone)
+	return nil
+}
+
+// writeFiles writes the marked bodies to their files, durably in SyncFull
+// and SyncStrict, and returns the IDs of the files it made (also on error,
+// for the caller to remove). The IDs stay in s.writing until forget.
+func (s *Store) writeFiles(ops []queuecore.Op, inFile []bool) (written []uint64, err error) {
+	durable := s.sync == queuecore.SyncFull || s.sync == queuecore.SyncStrict
+	s.hasFiles.Store(true) // before the commit: a delete must look for its file
+	for i := range ops {
+		if !inFile[i] {
+			continue
+		}
+		id := ops[i].Msg.ID
+		if err := s.claim(id); err != nil {
+			return written, err
+		}
+		f, err := s.createFile(id)
+		if err != nil {
+			s.forget([]uint64{id})
+			return written, err
+		}
+		written = append(written, id)
+		_, err = f.Write(ops[i].Body)
+		if err == nil && durable {
+			err = unix.Fdatasync(int(f.Fd()))
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return written, fmt.Errorf("write the body file of message %d: %w", id, err)
+		}
+	}
+	if durable {
+		if err := syncDir(s.bodies); err != nil {
+			return written, fmt.Errorf("sync %s: %w", s.bodies, err)
+		}
+	}
+	return written, nil
+}
+
+// claim marks id as having its body file written, so that no other Apply
+// of the same ID takes the file for an orphan. ErrExists if one is.
+func (s *Store) claim(id uint64) error {
+	s.writingMu.Lock()
+	defer s.writingMu.Unlock()
+	if _, ok := s.writing[id]; ok {
+		return fmt.Errorf("insert message %d: message id is taken: %w", id, queuecore.ErrExists)
+	}
+	s.writing[id] = struct{}{}
+	return nil
+}
+
+func (s *Store) forget(ids []uint64) {
+	s.writingMu.Lock()
+	defer s.writingMu.Unlock()
+	for _, id := range ids {
+		delete(s.writing, id)
+	}
+}
+
+// createFile creates the body file of a new message. A file of that name
+// can only be left by a crash (an orphan, which sweepFiles would have
+// removed) or belong to a message with that ID: the insert then fails
+// with ErrExists, as it would in the database.
+func (s *Store) createFile(id uint64) (*os.File, error) {
+	path := s.bodyPath(id)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
+	if !errors.Is(err, os.ErrExist) {
+		if err != nil {
+			return nil, fmt.Errorf("create the body file of message %d: %w", id, err)
+		}
+		return f, nil
+	}
+	if _, err := s.size(id); err == nil {
+		// Its file is named in the database: a committed message's.
+		return nil, fmt.Errorf("insert message %d: message id is taken: %w", id, queuecore.ErrExists)
+	} else if !errors.Is(err, queuecore.ErrNotFound) {
+		return nil, err
+	}
+	s.log.Warn("removing a body file that no message names", logPath, path)
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("remove orphan body file: %w", err)
+	}
+	f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("create the body file of message %d: %w", id, err)
+	}
+	return f, nil
+}
+
+// removeFiles removes body files that no row names any more. A failure
+// leaves an orphan, which the next Open removes: logged, not returned, as
+// the commit stands.
+func (s *Store) removeFiles(ids []uint64) {
+	for _, id := range ids {
+		if err := os.Remove(s.bodyPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			s.log.Warn("could not remove a body file; the next start removes it", logPath, s.bodyPath(id), "err", err)
+		}
+	}
+}
+
+// size returns the size of message id's body file, or ErrNotFound when
+// it has none (no such message, or its body is in the database).
+func (s *Store) size(id uint64) (int64, error) {
+	var n int64
+	err := s.read(func(r *reader) error {
+		r.args[0].Value = int64(id)
+		dest := r.dest[:1]
+		found, err := r.one(r.size, 1, dest)
+		if err != nil {
+			return err
+		}
+		if !found {
+			return queuecore.ErrNotFound
+		}
+		var c scanner
+		n = c.int(dest[0])
+		return c.err
+	})
+	return n, err
+}
+
+// BodyFile opens the file of message id's body for reading in place
+// (queuecore.BodyFiler). It returns nil when the body is in the database.
+func (s *Store) BodyFile(_ context.Context, id uint64) (*os.File, error) {
+	if !s.hasFiles.Load() {
+		return nil, nil
+	}
+	f, err := os.OpenFile(s.bodyPath(id), os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		// In the database (or gone: Body tells).
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("body of message %d: %w", id, err)
+	}
+	size, err := s.size(id)
+	if err == nil {
+		err = checkFile(f, id, size)
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("body of message %d: %w", id, err)
+	}
+	return f, nil
+}
+
+// checkFile makes sure f is a regular file of size bytes.
+func checkFile(f *os.File, id uint64, size int64) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size != size {
+		return fmt.Errorf("%s is not the body file of message %d (mode %o, %d bytes, want %d)", f.Name(), id, st.Mode, st.Size, size)
+	}
+	return nil
+}
+
+// readFile reads the body of message id from its file.
+func (s *Store) readFile(id uint64, size int64) ([]byte, error) {
+	f, err := os.OpenFile(s.bodyPath(id), os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		if _, err := s.size(id); errors.Is(err, queuecore.ErrNotFound) {
+			return nil, err // acked since the row was read
+		}
+		return nil, fmt.Errorf("its body file %s is missing", s.bodyPath(id))
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if err := checkFile(f, id, size); err != nil {
+		return nil, err
+	}
+	body := make([]byte, size)
+	if _, err := io.ReadFull(f, body); err != nil {
+		return nil, fmt.Errorf("read %s: %w", f.Name(), err)
+	}
+	return body, nil
+}
+
+// openFiles creates bodies/ and reconciles it with the files table (see
+// the top of this file). It runs in Open, on the writer's connection,
+// before any other call.
+func (s *Store) openFiles() error {
+	if err := os.Mkdir(s.bodies, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("create %s: %w", s.bodies, err)
+	} else if err == nil {
+		if err := syncDir(filepath.Dir(s.bodies)); err != nil {
+			return fmt.Errorf("sync store directory: %w", err)
+		}
+	}
+	named := map[uint64]bool{}
+	rows, err := s.w.conn.Query("SELECT id FROM files", nil)
+	if err != nil {
+		return fmt.Errorf("list body files: %w", err)
+	}
+	defer rows.Close()
+	dest := make([]driver.Value, 1)
+	err = eachRow(rows, dest, func() (bool, error) {
+		var c scanner
+		named[uint64(c.int(dest[0]))] = false
+		return true, c.err
+	})
+	if err != nil {
+		return fmt.Errorf("list body files: %w", err)
+	}
+	ents, err := os.ReadDir(s.bodies)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", s.bodies, err)
+	}
+	removed := 0
+	for _, e := range ents {
+		id, err := strconv.ParseUint(e.Name(), 10, 64)
+		if err != nil || strconv.FormatUint(id, 10) != e.Name() || !e.Type().IsRegular() {
+			s.log.Warn("not a body file; left alone", logPath, filepath.Join(s.bodies, e.Name()))
+			continue
+		}
+		if _, ok := named[id]; ok {
+			named[id] = true
+			continue
+		}
+		if err := os.Remove(filepath.Join(s.bodies, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("remove orphan body file: %w", err)
+		}
+		removed++
+	}
+	if removed > 0 {
+		s.log.Info("removed body files that no message names (left by a crash)", logPath, s.bodies, "files", removed)
+	}
+	var lost []uint64
+	for id, found := range named {
+		if !found {
+			lost = append(lost, id)
+		}
+	}
+	for _, id := range lost {
+		// See the top of this file: an ack undone by a power cut after
+		// its file was removed.
+		if _, err := s.w.conn.Exec("DELETE FROM messages WHERE id = ?", []driver.Value{int64(id)}); err != nil {
+			return fmt.Errorf("delete message %d whose body file is missing: %w", id, err)
+		}
+		s.log.Error("message deleted: its body file is missing (an ack that a power cut undid after the file was removed, or a file removed by hand)", logPath, s.bodyPath(id), "id", id)
+	}
+	s.hasFiles.Store(len(named) > len(lost))
+	return nil
+}
+
+// syncDir fsyncs a directory, so that the names made in it are on disk.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}

@@ -1,0 +1,266 @@
+package sqlite
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"yirangmq/queuecore"
+)
+
+// fileOp inserts message id with a body of n bytes derived from id.
+func fileOp(id uint64, queue string, n int) queuecore.Op {
+	m := message(id, queue, "m"+strconv.FormatUint(id, 10))
+	m.Size = int64(n)
+	return queuecore.Op{Kind: queuecore.OpInsert, Msg: m, Body: fileBody(id, n)}
+}
+
+func fileBody(id uint64, n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(uint64(i)*7 + id)
+	}
+	return b
+}
+
+// bodyFiles lists the names in dir/bodies.
+func bodyFiles(t *testing.T, dir string) map[string]int64 {
+	t.Helper()
+	ents, err := os.ReadDir(filepath.Join(dir, bodiesDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for _, e := range ents {
+		fi, err := e.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[e.Name()] = fi.Size()
+	}
+	return got
+}
+
+// TestFileBodies: a body of FileBodies bytes or more is in a file of its
+// own from the Apply that inserts it until the commit that deletes its
+// message (an ack, its queue deleted); a lease leaves it; a failed insert
+// leaves no file; Body and BodyFile read it, and BodyFile gives nothing for
+// a body in the database.
+func TestFileBodies(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	s := openTuned(t, dir, queuecore.SyncFull, tuning{fileBodies: 4096})
+	for _, q := range []string{"q", "other"} {
+		if err := s.PutQueue(ctx, queuecore.QueueInfo{Name: q}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := s.BodyFileMin(); got != 4096 {
+		t.Fatalf("BodyFileMin = %d, want 4096", got)
+	}
+	sizes := map[uint64]int{1: 10, 2: 2000, 3: 4096, 4: 1 << 20, 5: 5000}
+	queues := map[uint64]string{1: "q", 2: "q", 3: "q", 4: "q", 5: "other"}
+	for id := uint64(1); id <= 5; id++ {
+		if err := s.Apply(ctx, []queuecore.Op{fileOp(id, queues[id], sizes[id])}); err != nil {
+			t.Fatalf("insert %d: %v", id, err)
+		}
+	}
+	want := map[string]int64{"3": 4096, "4": 1 << 20, "5": 5000}
+	if got := bodyFiles(t, dir); !equalSizes(got, want) {
+		t.Fatalf("body files %v, want %v", got, want)
+	}
+	check := func(id uint64) {
+		t.Helper()
+		got, err := s.Body(ctx, id)
+		if err != nil || !bytes.Equal(got, fileBody(id, sizes[id])) {
+			t.Fatalf("Body(%d): %d bytes, %v; want %d bytes", id, len(got), err, sizes[id])
+		}
+		f, err := s.BodyFile(ctx, id)
+		if err != nil {
+			t.Fatalf("BodyFile(%d): %v", id, err)
+		}
+		if sizes[id] < 4096 {
+			if f != nil {
+				f.Close()
+				t.Fatalf("BodyFile(%d) of a body in the database gave %s", id, f.Name())
+			}
+			return
+		}
+		if f == nil {
+			t.Fatalf("BodyFile(%d) gave no file", id)
+		}
+		defer f.Close()
+		b, err := io.ReadAll(f)
+		if err != nil || !bytes.Equal(b, fileBody(id, sizes[id])) {
+			t.Fatalf("BodyFile(%d) read %d bytes, %v", id, len(b), err)
+		}
+	}
+	for id := uint64(1); id <= 5; id++ {
+		check(id)
+	}
+
+	// A failed insert (its name is taken) leaves no file; one that reuses
+	// the ID of a message with a body file fails and leaves that file.
+	dup := fileOp(6, "q", 8000)
+	dup.Msg.Name = "m4"
+	if err := s.Apply(ctx, []queuecore.Op{dup}); !errors.Is(err, queuecore.ErrExists) {
+		t.Fatalf("insert with a taken name: %v, want ErrExists", err)
+	}
+	if err := s.Apply(ctx, []queuecore.Op{fileOp(4, "q", 9000)}); !errors.Is(err, queuecore.ErrExists) {
+		t.Fatalf("insert with a taken ID: %v, want ErrExists", err)
+	}
+	if got := bodyFiles(t, dir); !equalSizes(got, want) {
+		t.Fatalf("after failed inserts: body files %v, want %v", got, want)
+	}
+	check(4)
+
+	// A lease (an update) keeps the file; an ack removes it, and a
+	// descriptor opened before still reads the body.
+	m := message(4, "q", "m4")
+	m.Size = 1 << 20
+	m.State = queuecore.StateLeased
+	if err := s.Apply(ctx, []queuecore.Op{{Kind: queuecore.OpUpdate, Msg: m, NoSync: true}}); err != nil {
+		t.Fatal(err)
+	}
+	check(4)
+	f, err := s.BodyFile(ctx, 4)
+	if err != nil || f == nil {
+		t.Fatalf("BodyFile(4): %v, %v", f, err)
+	}
+	defer f.Close()
+	if err := s.Apply(ctx, []queuecore.Op{{Kind: queuecore.OpDelete, Msg: m, NoSync: true}}); err != nil {
+		t.Fatal(err)
+	}
+	delete(want, "4")
+	if got := bodyFiles(t, dir); !equalSizes(got, want) {
+		t.Fatalf("after the ack: body files %v, want %v", got, want)
+	}
+	if b, err := io.ReadAll(f); err != nil || !bytes.Equal(b, fileBody(4, 1<<20)) {
+		t.Fatalf("read of a descriptor opened before the ack: %d bytes, %v", len(b), err)
+	}
+	if _, err := s.Body(ctx, 4); !errors.Is(err, queuecore.ErrNotFound) {
+		t.Fatalf("Body of an acked message: %v, want ErrNotFound", err)
+	}
+
+	// Deleting a queue removes its messages' files.
+	if err := s.DeleteQueue(ctx, "other"); err != nil {
+		t.Fatal(err)
+	}
+	delete(want, "5")
+	if got := bodyFiles(t, dir); !equalSizes(got, want) {
+		t.Fatalf("after deleting a queue: body files %v, want %v", got, want)
+	}
+	check(3)
+}
+
+// TestFileBodiesAfterCrash: what a crash can leave in bodies/ is put right
+// by the next Open: a file that no message names (a publish that never
+// committed, an ack whose file was not removed yet) is removed; a message
+// whose file is gone (an ack that a power cut undid after its file was
+// removed) is deleted. Other names are left alone.
+func TestFileBodiesAfterCrash(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	tun := tuning{fileBodies: 1000}
+	s := openTuned(t, dir, queuecore.SyncFull, tun)
+	if err := s.PutQueue(ctx, queuecore.QueueInfo{Name: "q"}); err != nil {
+		t.Fatal(err)
+	}
+	for id := uint64(1); id <= 3; id++ {
+		if err := s.Apply(ctx, []queuecore.Op{fileOp(id, "q", 3000)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	bodies := filepath.Join(dir, bodiesDir)
+	if err := os.Remove(filepath.Join(bodies, "2")); err != nil {
+		t.Fatal(err)
+	}
+	for name, content := range map[string]string{"77": "orphan", "notes.txt": "mine"} {
+		if err := os.WriteFile(filepath.Join(bodies, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s = openTuned(t, dir, queuecore.SyncFull, tun)
+	if got, want := bodyFiles(t, dir), map[string]int64{"1": 3000, "3": 3000, "notes.txt": 4}; !equalSizes(got, want) {
+		t.Fatalf("body files after reopen: %v, want %v", got, want)
+	}
+	if _, err := s.Body(ctx, 2); !errors.Is(err, queuecore.ErrNotFound) {
+		t.Fatalf("Body of the message whose file was gone: %v, want ErrNotFound", err)
+	}
+	for _, id := range []uint64{1, 3} {
+		if got, err := s.Body(ctx, id); err != nil || !bytes.Equal(got, fileBody(id, 3000)) {
+			t.Fatalf("Body(%d) after reopen: %d bytes, %v", id, len(got), err)
+		}
+	}
+	// The ID of the orphan is taken by a new message; its stale file
+	// must not be mistaken for the new body.
+	if err := s.Apply(ctx, []queuecore.Op{fileOp(77, "q", 5000)}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Body(ctx, 77); err != nil || !bytes.Equal(got, fileBody(77, 5000)) {
+		t.Fatalf("Body(77): %d bytes, %v", len(got), err)
+	}
+}
+
+// TestFileBodiesUpgrade: a store of schema version 1 (no files table)
+// is upgraded when opened, and takes body files after.
+func TestFileBodiesUpgrade(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	s := openTuned(t, dir, queuecore.SyncNormal, tuning{fileBodies: -1})
+	if err := s.PutQueue(ctx, queuecore.QueueInfo{Name: "q"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Apply(ctx, []queuecore.Op{fileOp(1, "q", 300 << 10)}); err != nil {
+		t.Fatal(err)
+	}
+	onWriter(s, func(w *writer) {
+		if _, err := w.conn.Exec("DROP TRIGGER messages_file_delete; DROP TABLE files; PRAGMA user_version = 1", nil); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openTest(t, dir, queuecore.SyncNormal)
+	if err := s.Apply(ctx, []queuecore.Op{fileOp(2, "q", 300 << 10)}); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := bodyFiles(t, dir), map[string]int64{"2": 300 << 10}; !equalSizes(got, want) {
+		t.Fatalf("body files %v, want %v", got, want)
+	}
+	for _, id := range []uint64{1, 2} {
+		if got, err := s.Body(ctx, id); err != nil || !bytes.Equal(got, fileBody(id, 300<<10)) {
+			t.Fatalf("Body(%d): %d bytes, %v", id, len(got), err)
+		}
+	}
+	// Message 1's body is in the database, though past the size: no file.
+	if f, err := s.BodyFile(ctx, 1); f != nil || err != nil {
+		t.Fatalf("BodyFile(1) = %v, %v; want nothing", f, err)
+	}
+	onWriter(s, func(w *writer) {
+		if v, err := queryInt(w.conn, "PRAGMA user_version"); err != nil || v != schemaVersion {
+			t.Fatalf("user_version %d, %v; want %d", v, err, schemaVersion)
+		}
+	})
+}
+
+func equalSizes(a, b map[string]int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
