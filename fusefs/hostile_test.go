@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -748,8 +749,14 @@ func checkNothingOutside(t *testing.T, d *testenv.Daemon) {
 	backend := strings.Split(t.Name(), "/")[1]
 	if backend == "sqlite" {
 		for _, n := range top {
-			if !strings.HasPrefix(n, "yirangmq.db") && n != "LOCK" && n != queuecore.ReserveName {
+			if !strings.HasPrefix(n, "yirangmq.db") && n != "LOCK" && n != queuecore.ReserveName && n != "bodies" {
 				t.Errorf("sqlite store holds %q", n)
+			}
+		}
+		// Big bodies' files, named by message ID, and nothing else.
+		for _, n := range ls(t, filepath.Join(d.Store, "bodies")) {
+			if _, err := strconv.ParseUint(n, 10, 64); err != nil {
+				t.Errorf("sqlite store holds bodies/%q", n)
 			}
 		}
 		return

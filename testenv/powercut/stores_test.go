@@ -50,7 +50,7 @@ const childEnv = "YIRANGMQ_POWERCUT_CHILD"
 
 // childSpec is what the child is told, as JSON in childEnv.
 type childSpec struct {
-	Store string `json:"store"` // "fs", "fs-checkpoints" or "sqlite"
+	Store string `json:"store"` // "fs", "fs-checkpoints", "sqlite" or "sqlite-files"
 	Dir   string `json:"dir"`
 	Sync  string `json:"sync"`
 	Seed  uint64 `json:"seed"`
@@ -83,6 +83,11 @@ func openStore(ctx context.Context, store, dir string, mode queuecore.SyncMode) 
 		// journal.old, a new journal, both names synced only by the next
 		// sync of a commit) and its snapshot then meet the cuts often.
 		return fsstore.OpenTuned(ctx, dir, opts, fsstore.Tuning{CheckpointBytes: 16 << 10})
+	case "sqlite-files":
+		// Bodies of 2 KiB or more in files of their own (a third of
+		// them, and the 40 KiB ones), so that the cuts meet their
+		// writes, syncs and removals.
+		return sqlite.OpenTuned(ctx, dir, opts, sqlite.Tuning{FileBodies: 2 << 10})
 	}
 	return sqlite.Open(ctx, dir, opts)
 }
@@ -585,7 +590,7 @@ type storeCase struct {
 // directories they changed; a new store's directory is now made durable in
 // its parent by backends.LockStore.)
 func storeCases() []storeCase {
-	return []storeCase{{store: "fs"}, {store: "fs-checkpoints"}, {store: "sqlite"}}
+	return []storeCase{{store: "fs"}, {store: "fs-checkpoints"}, {store: "sqlite"}, {store: "sqlite-files"}}
 }
 
 // cutsPerStore is the number of kills and power cuts per store and mode;
