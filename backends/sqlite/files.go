@@ -32,7 +32,8 @@ import (
 //     given twice) before the batch goes to the writer; in SyncFull and
 //     SyncStrict it fdatasyncs the files and then fsyncs bodies/ once, so
 //     the files are on disk before the commit that names them is.
-//   - If the batch fails, Apply removes the files it wrote.
+//   - If the batch fails, Apply removes the files it wrote (unless it
+//     failed after its commit, at the WAL's sync: the row may stay).
 //   - A delete (an ack, a queue deleted) removes the file after the
 //     commit that deleted the row returned, from the caller's goroutine.
 //
@@ -42,12 +43,14 @@ import (
 //     orphan, removed;
 //   - a file whose row was deleted before the crash but not removed:
 //     an orphan, removed;
-//   - a row whose file is gone: in SyncFull an ack is not waited for
+//   - a row whose file is gone or short: in SyncNormal and SyncOff the
+//     files are not synced, so a power cut after a checkpoint can keep a
+//     row and lose (part of) its file; in SyncFull an ack is not waited for
 //     (queuecore.Op.NoSync), so a power cut can undo the delete of a row
-//     whose file was removed after it. The message was acked; Open deletes
-//     the row and logs it, rather than keep a message that cannot be read.
-//     (Only a removal by hand makes it happen otherwise, and then the body
-//     is lost anyway.)
+//     whose file was removed after it (the message was acked). Open
+//     deletes the row and logs it, rather than keep a message that can
+//     never be read. (Only a removal by hand makes it happen otherwise,
+//     and then the body is lost anyway.)
 
 // defaultFileBodies is the size from which a body is kept in a file: past
 // it, a read through the mount is served from the file by the kernel and
@@ -112,7 +115,12 @@ func (s *Store) apply(ops []queuecore.Op) error {
 			return withErrno(err)
 		}
 		if err := s.write(b); err != nil {
-			s.removeFiles(written)
+			if !b.committed {
+				s.removeFiles(written)
+			}
+			// else the commit stands but its sync failed: the row may be
+			// there after a restart, and needs its file (Open removes it
+			// if not).
 			return err
 		}
 	} else if err := s.write(b); err != nil {
@@ -314,16 +322,16 @@ func (s *Store) openFiles() error {
 			return fmt.Errorf("sync store directory: %w", err)
 		}
 	}
-	named := map[uint64]bool{}
-	rows, err := s.w.conn.Query("SELECT id FROM files", nil)
+	named := map[uint64]int64{} // ID → size; -1 once its file is found whole
+	rows, err := s.w.conn.Query("SELECT id, size FROM files", nil)
 	if err != nil {
 		return fmt.Errorf("list body files: %w", err)
 	}
 	defer rows.Close()
-	dest := make([]driver.Value, 1)
+	dest := make([]driver.Value, 2)
 	err = eachRow(rows, dest, func() (bool, error) {
 		var c scanner
-		named[uint64(c.int(dest[0]))] = false
+		named[uint64(c.int(dest[0]))] = c.int(dest[1])
 		return true, c.err
 	})
 	if err != nil {
@@ -340,8 +348,10 @@ func (s *Store) openFiles() error {
 			s.log.Warn("not a body file; left alone", logPath, filepath.Join(s.bodies, e.Name()))
 			continue
 		}
-		if _, ok := named[id]; ok {
-			named[id] = true
+		if size, ok := named[id]; ok {
+			if fi, err := e.Info(); err == nil && fi.Size() == size {
+				named[id] = -1
+			}
 			continue
 		}
 		if err := os.Remove(filepath.Join(s.bodies, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -353,8 +363,8 @@ func (s *Store) openFiles() error {
 		s.log.Info("removed body files that no message names (left by a crash)", logPath, s.bodies, "files", removed)
 	}
 	var lost []uint64
-	for id, found := range named {
-		if !found {
+	for id, size := range named {
+		if size >= 0 {
 			lost = append(lost, id)
 		}
 	}
@@ -364,7 +374,10 @@ func (s *Store) openFiles() error {
 		if _, err := s.w.conn.Exec("DELETE FROM messages WHERE id = ?", []driver.Value{int64(id)}); err != nil {
 			return fmt.Errorf("delete message %d whose body file is missing: %w", id, err)
 		}
-		s.log.Error("message deleted: its body file is missing (an ack that a power cut undid after the file was removed, or a file removed by hand)", logPath, s.bodyPath(id), "id", id)
+		s.log.Error("message deleted: its body file is missing or short (an ack that a power cut undid after the file was removed, a power cut in --sync normal, or a file changed by hand)", logPath, s.bodyPath(id), "id", id)
+		if err := os.Remove(s.bodyPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("remove short body file: %w", err)
+		}
 	}
 	s.hasFiles.Store(len(named) > len(lost))
 	return nil

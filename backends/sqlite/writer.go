@@ -25,6 +25,10 @@ type batch struct {
 	// batch's deletes left unreferenced, to be removed once it committed.
 	inFile []bool
 	gone   []uint64
+	// committed is set once the transaction holding the batch committed,
+	// even if the sync after it failed (then err is set too): its body
+	// files are named by a row that may be there, and must stay.
+	committed bool
 	// wake is made when the caller has to wait (a commit is in flight);
 	// it is signalled once, under groupMu: when the batch is done, or
 	// when its caller is to lead the next commit.
@@ -256,6 +260,7 @@ func (w *writer) exec(st *sqlite3.SQLiteStmt, args []driver.NamedValue) (int64, 
 func (w *writer) commitGroup(group []*batch) {
 	if len(group) == 1 && group[0].single() {
 		group[0].err = w.run(group[0])
+		group[0].committed = group[0].err == nil
 		return
 	}
 	for len(group) > 0 {
@@ -325,6 +330,10 @@ func (w *writer) tryGroup(group []*batch) (again []*batch) {
 	}
 	if _, err := w.exec(w.commit, nil); err != nil {
 		w.abort(group, fmt.Errorf("commit: %w", err))
+		return nil
+	}
+	for _, b := range group {
+		b.committed = b.err == nil
 	}
 	return nil
 }
