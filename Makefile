@@ -22,13 +22,16 @@ build:
 # Every test, with the race detector and in shuffled order, then each fuzz
 # target for a short time (FUZZTIME=50000x runs each; longer by hand).
 # The benchmark tooling is a module of its own (testenv/mountbench/go.mod),
-# which ./... does not descend into: it is vetted and tested on its own.
+# which ./... does not descend into: it is vetted and tested on its own;
+# so is the vendored go-fuse (third_party/go-fuse), for the tests of our
+# patches to it (PATCHES.md).
 BENCH_DIR := testenv/mountbench
 test: build
 	$(GO) vet ./...
 	cd $(BENCH_DIR) && $(GO) vet ./...
 	$(GO) test -race -shuffle=on -timeout 30m ./...
 	cd $(BENCH_DIR) && $(GO) test -race -shuffle=on -timeout 10m ./...
+	cd third_party/go-fuse && $(GO) test -race -run 'Patch|Backing' ./fs
 	$(MAKE) fuzz
 
 fuzz:

@@ -871,11 +871,22 @@ func (b *rawBridge) addBackingID(e *nodeEntry, fe *fileEntry, f FileHandle, out 
 			Fd: int32(fd),
 		}
 		id, errno := bc.RegisterBackingFd(&m)
-		if errno != 0 {
-			// This happens if we're not root or CAP_PASSTHROUGH is missing.
-			b.disableBackingFiles = true
-		} else {
+		switch {
+		case errno == 0:
 			e.backingID = id
+		case backingRefusedForGood(errno):
+			// Not root, no CAP_SYS_ADMIN, or no passthrough in this
+			// kernel or connection: no open will get one.
+			b.disableBackingFiles = true
+		default:
+			// This file only (not a regular file, a file system stacked
+			// too deep) or for now (ENOMEM, out of IDs): this open goes
+			// without, and with direct I/O, so that it does not put the
+			// inode in the page-cache mode, in which the kernel would
+			// refuse a later passthrough open of it (EIO).
+			b.logf("RegisterBackingFd: %v; open served without passthrough", errno)
+			out.OpenFlags |= fuse.FOPEN_DIRECT_IO
+			out.OpenFlags &^= uint32(fuse.FOPEN_KEEP_CACHE)
 		}
 	}
 
@@ -888,6 +899,16 @@ func (b *rawBridge) addBackingID(e *nodeEntry, fe *fileEntry, f FileHandle, out 
 			fe.backing = true
 		}
 	}
+}
+
+// backingRefusedForGood reports whether RegisterBackingFd's error means
+// that no backing file will ever be registered on this connection.
+func backingRefusedForGood(errno syscall.Errno) bool {
+	switch errno {
+	case syscall.EPERM, syscall.ENOTTY, syscall.ENOSYS, syscall.EOPNOTSUPP:
+		return true
+	}
+	return false
 }
 
 // must hold backingMu
