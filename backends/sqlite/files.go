@@ -34,8 +34,10 @@ import (
 //     the files are on disk before the commit that names them is.
 //   - If the batch fails, Apply removes the files it wrote (unless it
 //     failed after its commit, at the WAL's sync: the row may stay).
-//   - A delete (an ack, a queue deleted) removes the file after the
-//     commit that deleted the row returned, from the caller's goroutine.
+//   - A delete (an ack, a queue deleted) removes the file once the
+//     commit that deleted the row is on stable storage (dropFiles): at
+//     once for a commit that waited for its sync, after the lazy sync
+//     that covers it (within queuecore.SyncDelay) for an ack in SyncFull.
 //
 // What a crash leaves, and what Open does with it (sweepFiles):
 //
@@ -45,12 +47,11 @@ import (
 //     an orphan, removed;
 //   - a row whose file is gone or short: in SyncNormal and SyncOff the
 //     files are not synced, so a power cut after a checkpoint can keep a
-//     row and lose (part of) its file; in SyncFull an ack is not waited for
-//     (queuecore.Op.NoSync), so a power cut can undo the delete of a row
-//     whose file was removed after it (the message was acked). Open
-//     deletes the row and logs it, rather than keep a message that can
-//     never be read. (Only a removal by hand makes it happen otherwise,
-//     and then the body is lost anyway.)
+//     row and lose (part of) its file, or bring back an acked row whose
+//     file was removed. Open deletes the row and logs it, rather than
+//     keep a message that can never be read. (In SyncFull and SyncStrict
+//     only a file removed or changed by hand makes it happen, and then
+//     the body is lost anyway.)
 
 // defaultFileBodies is the size from which a body is kept in a file: past
 // it, a read through the mount is served from the file by the kernel and
@@ -126,8 +127,58 @@ func (s *Store) apply(ops []queuecore.Op) error {
 	} else if err := s.write(b); err != nil {
 		return err
 	}
-	s.removeFiles(b.gone)
+	s.dropFiles(b)
 	return nil
+}
+
+// dropFiles removes the body files that b's deletes left unreferenced,
+// once b's commit is on stable storage: at once, or, for a commit that
+// returned before its sync (leases and acks in SyncFull), after the sync
+// that covers it. A power cut can thus undo an ack, but never leave the
+// message it brings back without its body. (In SyncNormal and SyncOff no
+// commit is waited for; their files go at once.)
+func (s *Store) dropFiles(b *batch) {
+	if len(b.gone) == 0 {
+		return
+	}
+	if b.seq == 0 {
+		s.removeFiles(b.gone)
+		return
+	}
+	s.removals.mu.Lock()
+	if s.removals.synced >= b.seq {
+		s.removals.mu.Unlock()
+		s.removeFiles(b.gone)
+		return
+	}
+	s.removals.due = append(s.removals.due, pendingRemoval{seq: b.seq, ids: b.gone})
+	s.removals.mu.Unlock()
+}
+
+// pendingRemoval is body files to remove once commit seq is synced.
+type pendingRemoval struct {
+	seq uint64
+	ids []uint64
+}
+
+// synced is lazySync.onSynced: it removes the files whose deletes are on
+// stable storage now.
+func (s *Store) synced(upTo uint64) {
+	s.removals.mu.Lock()
+	s.removals.synced = max(s.removals.synced, upTo)
+	var ids []uint64
+	keep := s.removals.due[:0]
+	for _, p := range s.removals.due {
+		if p.seq <= upTo {
+			ids = append(ids, p.ids...)
+		} else {
+			keep = append(keep, p)
+		}
+	}
+	clear(s.removals.due[len(keep):])
+	s.removals.due = keep
+	s.removals.mu.Unlock()
+	s.removeFiles(ids)
 }
 
 // writeFiles writes the marked bodies to their files, durably in SyncFull

@@ -33,6 +33,9 @@ import (
 type lazySync struct {
 	wal     string // path of the WAL file
 	onErr   func(error)
+	// onSynced is told, outside syncMu, that every commit up to a count
+	// is on stable storage.
+	onSynced func(upTo uint64)
 	written atomic.Uint64 // commits so far, counted by their leader
 
 	mu     sync.Mutex // guards the timer:
@@ -82,15 +85,20 @@ func (l *lazySync) committed(wait bool) uint64 {
 // behind one find theirs covered and return without a sync of their own.
 func (l *lazySync) sync(seq uint64) error {
 	l.syncMu.Lock()
-	defer l.syncMu.Unlock()
 	if l.synced >= seq {
+		l.syncMu.Unlock()
 		return nil
 	}
 	target := l.written.Load()
 	if err := l.syncFile(); err != nil {
+		l.syncMu.Unlock()
 		return err
 	}
 	l.synced = target
+	l.syncMu.Unlock()
+	if l.onSynced != nil {
+		l.onSynced(target)
+	}
 	return nil
 }
 

@@ -32,7 +32,7 @@ func (s *Store) DeleteQueue(_ context.Context, name string) error {
 	if err := s.write(b); err != nil {
 		return err
 	}
-	s.removeFiles(b.gone)
+	s.dropFiles(b)
 	return nil
 }
 

@@ -89,6 +89,13 @@ type Store struct {
 	hasFiles  atomic.Bool
 	writingMu sync.Mutex
 	writing   map[uint64]struct{}
+	// removals are the body files of deletes that wait for their sync
+	// (dropFiles), and the last sync's count, guarded by mu.
+	removals struct {
+		mu     sync.Mutex
+		synced uint64
+		due    []pendingRemoval
+	}
 
 	tuning tuning
 	anchor *anchor  // vfs.go
@@ -157,6 +164,7 @@ func open(ctx context.Context, dir string, opts backends.Options, tun tuning) (*
 	}
 	s.writerFree = sync.NewCond(&s.groupMu)
 	s.lazy.wal = s.path + "-wal"
+	s.lazy.onSynced = s.synced
 	s.lazy.onErr = func(err error) {
 		s.log.Error("sync of the WAL after leases and acks failed; retried", logPath, s.path, "err", err)
 	}

@@ -29,6 +29,10 @@ type batch struct {
 	// even if the sync after it failed (then err is set too): its body
 	// files are named by a row that may be there, and must stay.
 	committed bool
+	// seq is set, in SyncFull, when the batch committed in a group that
+	// returned before its sync: the lazy sync's count of that commit.
+	// Its body files are removed once a sync covers it.
+	seq uint64
 	// wake is made when the caller has to wait (a commit is in flight);
 	// it is signalled once, under groupMu: when the batch is done, or
 	// when its caller is to lead the next commit.
@@ -82,6 +86,9 @@ func (s *Store) write(b *batch) error {
 		seq := s.lazy.committed(wait) // leases and acks alone need not wait (lazysync.go)
 		if wait {
 			return s.syncGroup(b, group, seq)
+		}
+		for _, g := range group {
+			g.seq = seq
 		}
 	}
 
