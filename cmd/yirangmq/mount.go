@@ -54,7 +54,7 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	fl.StringVar(&f.backend, "backend", "sqlite", "store backend: sqlite, fs or postgres")
 	fl.StringVar(&f.store, "store", defaultStore(), "store directory (created on first use), or with --backend postgres a connection URL")
 	fl.StringVar(&f.sync, "sync", "full", "durability: full (a message on disk at close; leases and acks within 100 ms), strict (leases and acks on disk too before they return), normal (survives a daemon crash) or off")
-	fl.StringSliceVarP(&f.options, "options", "o", nil, "mount options: allow_other, backend=, sync=, store=, min_free=, memory_budget=, max_message_inodes= (others of mount(8) are accepted and ignored)")
+	fl.StringSliceVarP(&f.options, "options", "o", nil, "mount options: allow_other, backend=, sync=, store=, min_free=, memory_budget=, max_message_inodes=, sqlite_file_bodies= (others of mount(8) are accepted and ignored)")
 	fl.BoolVar(&f.daemon, "daemon", false, "return once the mount is ready, leaving the daemon in the background")
 	fl.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fl.StringVar(&f.logFile, "log-file", "", "append the log to this file instead of stderr (with --daemon: STORE/yirangmq.log by default)")
@@ -103,6 +103,8 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 			f.minFree = v
 		case "memory_budget":
 			f.memoryBudget = v
+		case "sqlite_file_bodies":
+			f.sqliteFileBodies = v
 		case "max_message_inodes":
 			n, err := strconv.Atoi(v)
 			if err != nil {
