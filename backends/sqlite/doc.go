@@ -1,6 +1,6 @@
 // Package sqlite is the SQLite store of yirangmq: a queuecore.Store kept in
 // one database file, STORE/yirangmq.db, in WAL mode, beside the store's
-// advisory lock file (backends.LockStore).
+// advisory lock file (backends.LockStore), with big bodies in STORE/bodies/.
 //
 // # Schema (schema.go)
 //
@@ -10,7 +10,9 @@
 // a queue and state), and deadlines of leased and delayed messages only.
 // A body of up to 1 KiB is the last column of its row; a larger one is kept
 // in a table of its own, so that the updates of a lease, a nack or an ack
-// do not write it again. The schema is versioned with PRAGMA user_version.
+// do not write it again; one of 256 KiB or more (Tuning.FileBodies) is in
+// a file of its own, STORE/bodies/ID, which readers through the mount read
+// in place (files.go). The schema is versioned with PRAGMA user_version.
 //
 // No message is cached in Go memory: the store's memory is SQLite's page
 // caches, bounded per connection, whatever the number of messages. List
