@@ -38,11 +38,12 @@ func TestBackingRefusal(t *testing.T) {
 		forGood bool
 	}{
 		{syscall.ENOMEM, false},
-		{syscall.ELOOP, false},
-		{syscall.EINVAL, false},
 		{syscall.ENOSPC, false},
+		{syscall.EBADF, false},
 		{syscall.EPERM, true},
 		{syscall.ENOTTY, true},
+		{syscall.ELOOP, true}, // a store on overlayfs: every file
+		{syscall.EINVAL, true},
 	} {
 		srv := &backingServer{errno: tc.errno}
 		b := &rawBridge{server: srv}

@@ -879,8 +879,8 @@ func (b *rawBridge) addBackingID(e *nodeEntry, fe *fileEntry, f FileHandle, out 
 			// kernel or connection: no open will get one.
 			b.disableBackingFiles = true
 		default:
-			// This file only (not a regular file, a file system stacked
-			// too deep) or for now (ENOMEM, out of IDs): this open goes
+			// For now (ENOMEM, out of IDs) or this descriptor (EBADF):
+			// this open goes
 			// without, and with direct I/O, so that it does not put the
 			// inode in the page-cache mode, in which the kernel would
 			// refuse a later passthrough open of it (EIO).
@@ -903,9 +903,14 @@ func (b *rawBridge) addBackingID(e *nodeEntry, fe *fileEntry, f FileHandle, out 
 
 // backingRefusedForGood reports whether RegisterBackingFd's error means
 // that no backing file will ever be registered on this connection.
+//
+// ELOOP is the backing file's file system stacked too deep for the
+// connection (a store on overlayfs), and EINVAL a request the kernel
+// takes for malformed: both hold for every file, and would otherwise cost
+// each open a refused ioctl and direct I/O for the life of the mount.
 func backingRefusedForGood(errno syscall.Errno) bool {
 	switch errno {
-	case syscall.EPERM, syscall.ENOTTY, syscall.ENOSYS, syscall.EOPNOTSUPP:
+	case syscall.EPERM, syscall.ENOTTY, syscall.ENOSYS, syscall.EOPNOTSUPP, syscall.ELOOP, syscall.EINVAL:
 		return true
 	}
 	return false
