@@ -141,12 +141,12 @@ func (s *Store) dropFiles(b *batch) {
 	if len(b.gone) == 0 {
 		return
 	}
-	if b.seq == 0 {
-		s.removeFiles(b.gone)
+	s.removals.mu.Lock()
+	if s.removals.kept {
+		s.removals.mu.Unlock()
 		return
 	}
-	s.removals.mu.Lock()
-	if s.removals.synced >= b.seq {
+	if b.seq == 0 || s.removals.synced >= b.seq {
 		s.removals.mu.Unlock()
 		s.removeFiles(b.gone)
 		return
@@ -161,10 +161,32 @@ type pendingRemoval struct {
 	ids []uint64
 }
 
+// syncFailed is lazySync.onFailed. After a failed fdatasync, Linux
+// reports the error once and may call the pages clean: a later sync that
+// succeeds proves nothing about the frames written before it, nor, as a
+// WAL's frames chain their checksums, about those after. So no body file
+// is removed for the rest of the run; the next Open removes those that no
+// row names, after a sync of the WAL.
+func (s *Store) syncFailed() {
+	s.removals.mu.Lock()
+	first := !s.removals.kept
+	s.removals.kept = true
+	clear(s.removals.due)
+	s.removals.due = nil
+	s.removals.mu.Unlock()
+	if first {
+		s.log.Error("a sync of the WAL failed: the body files of acked messages are kept until the next start", logPath, s.path)
+	}
+}
+
 // synced is lazySync.onSynced: it removes the files whose deletes are on
 // stable storage now.
 func (s *Store) synced(upTo uint64) {
 	s.removals.mu.Lock()
+	if s.removals.kept {
+		s.removals.mu.Unlock()
+		return
+	}
 	s.removals.synced = max(s.removals.synced, upTo)
 	var ids []uint64
 	keep := s.removals.due[:0]
@@ -392,6 +414,13 @@ func (s *Store) openFiles() error {
 	if err != nil {
 		return fmt.Errorf("read %s: %w", s.bodies, err)
 	}
+	// A file no row names may be an acked message's whose ack is in the
+	// WAL but not on disk yet (the last run was killed within the lazy
+	// sync's delay): the WAL is synced before any file is removed, or a
+	// power cut could undo the ack after the file is gone.
+	if err := syncWAL(s.path + "-wal"); err != nil {
+		return fmt.Errorf("sync the WAL before removing body files: %w", err)
+	}
 	removed := 0
 	for _, e := range ents {
 		id, err := strconv.ParseUint(e.Name(), 10, 64)
@@ -405,7 +434,7 @@ func (s *Store) openFiles() error {
 			}
 			continue
 		}
-		if err := os.Remove(filepath.Join(s.bodies, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := removeOrphan(filepath.Join(s.bodies, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("remove orphan body file: %w", err)
 		}
 		removed++
@@ -432,6 +461,29 @@ func (s *Store) openFiles() error {
 	}
 	s.hasFiles.Store(len(named) > len(lost))
 	return nil
+}
+
+// syncWAL and removeOrphan are what openFiles does before and to an
+// orphan; tests see their order through them.
+var (
+	syncWAL      = syncFile
+	removeOrphan = os.Remove
+)
+
+// syncFile fdatasyncs a file if it exists.
+func syncFile(path string) error {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	err = unix.Fdatasync(int(f.Fd()))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // syncDir fsyncs a directory, so that the names made in it are on disk.

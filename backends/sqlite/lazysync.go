@@ -36,6 +36,8 @@ type lazySync struct {
 	// onSynced is told, outside syncMu, that every commit up to a count
 	// is on stable storage.
 	onSynced func(upTo uint64)
+	// onFailed is told, outside syncMu, that a sync of the WAL failed.
+	onFailed func()
 	written atomic.Uint64 // commits so far, counted by their leader
 
 	mu     sync.Mutex // guards the timer:
@@ -92,6 +94,9 @@ func (l *lazySync) sync(seq uint64) error {
 	target := l.written.Load()
 	if err := l.syncFile(); err != nil {
 		l.syncMu.Unlock()
+		if l.onFailed != nil {
+			l.onFailed()
+		}
 		return err
 	}
 	l.synced = target

@@ -95,6 +95,9 @@ type Store struct {
 		mu     sync.Mutex
 		synced uint64
 		due    []pendingRemoval
+		// kept is set by a failed sync of the WAL (syncFailed): no file
+		// is removed after it, for the rest of the run.
+		kept bool
 	}
 
 	tuning tuning
@@ -165,6 +168,7 @@ func open(ctx context.Context, dir string, opts backends.Options, tun tuning) (*
 	s.writerFree = sync.NewCond(&s.groupMu)
 	s.lazy.wal = s.path + "-wal"
 	s.lazy.onSynced = s.synced
+	s.lazy.onFailed = s.syncFailed
 	s.lazy.onErr = func(err error) {
 		s.log.Error("sync of the WAL after leases and acks failed; retried", logPath, s.path, "err", err)
 	}
