@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"yirangmq/backends"
 	"yirangmq/queuecore"
 )
 
@@ -207,7 +208,7 @@ func (s *Store) synced(upTo uint64) {
 // and SyncStrict, and returns the IDs of the files it made (also on error,
 // for the caller to remove). The IDs stay in s.writing until forget.
 func (s *Store) writeFiles(ops []queuecore.Op, inFile []bool) (written []uint64, err error) {
-	durable := s.sync == queuecore.SyncFull || s.sync == queuecore.SyncStrict
+	durable := s.sync.Durable()
 	s.hasFiles.Store(true) // before the commit: a delete must look for its file
 	for i := range ops {
 		if !inFile[i] {
@@ -235,8 +236,8 @@ func (s *Store) writeFiles(ops []queuecore.Op, inFile []bool) (written []uint64,
 		}
 	}
 	if durable {
-		if err := syncDir(s.bodies); err != nil {
-			return written, fmt.Errorf("sync %s: %w", s.bodies, err)
+		if err := backends.SyncDir(s.bodies); err != nil {
+			return written, err
 		}
 	}
 	return written, nil
@@ -391,8 +392,8 @@ func (s *Store) openFiles() error {
 	if err := os.Mkdir(s.bodies, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return fmt.Errorf("create %s: %w", s.bodies, err)
 	} else if err == nil {
-		if err := syncDir(filepath.Dir(s.bodies)); err != nil {
-			return fmt.Errorf("sync store directory: %w", err)
+		if err := backends.SyncDir(filepath.Dir(s.bodies)); err != nil {
+			return err
 		}
 	}
 	named := map[uint64]int64{} // ID → size; -1 once its file is found whole
@@ -481,19 +482,6 @@ func syncFile(path string) error {
 	}
 	err = unix.Fdatasync(int(f.Fd()))
 	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
-}
-
-// syncDir fsyncs a directory, so that the names made in it are on disk.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
 		err = cerr
 	}
 	return err

@@ -246,7 +246,7 @@ func TestFileBodiesUpgrade(t *testing.T) {
 	if err := s.PutQueue(ctx, queuecore.QueueInfo{Name: "q"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Apply(ctx, []queuecore.Op{fileOp(1, "q", 300 << 10)}); err != nil {
+	if err := s.Apply(ctx, []queuecore.Op{fileOp(1, "q", 300<<10)}); err != nil {
 		t.Fatal(err)
 	}
 	onWriter(s, func(w *writer) {
@@ -258,7 +258,7 @@ func TestFileBodiesUpgrade(t *testing.T) {
 		t.Fatal(err)
 	}
 	s = openTest(t, dir, queuecore.SyncNormal)
-	if err := s.Apply(ctx, []queuecore.Op{fileOp(2, "q", 300 << 10)}); err != nil {
+	if err := s.Apply(ctx, []queuecore.Op{fileOp(2, "q", 300<<10)}); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := bodyFiles(t, dir), map[string]int64{"2": 300 << 10}; !equalSizes(got, want) {

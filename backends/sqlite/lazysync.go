@@ -31,14 +31,14 @@ import (
 // Checkpoints sync the WAL and the database file as in FULL. SyncStrict
 // keeps SQLite's FULL: every commit syncs inside COMMIT.
 type lazySync struct {
-	wal     string // path of the WAL file
-	onErr   func(error)
+	wal   string // path of the WAL file
+	onErr func(error)
 	// onSynced is told, outside syncMu, that every commit up to a count
 	// is on stable storage.
 	onSynced func(upTo uint64)
 	// onFailed is told, outside syncMu, that a sync of the WAL failed.
 	onFailed func()
-	written atomic.Uint64 // commits so far, counted by their leader
+	written  atomic.Uint64 // commits so far, counted by their leader
 
 	mu     sync.Mutex // guards the timer:
 	armed  bool

@@ -156,10 +156,10 @@ func open(ctx context.Context, dir string, opts backends.Options, tun tuning) (*
 		return nil, fmt.Errorf("open sqlite store: %w", err)
 	}
 	s := &Store{
-		path:   filepath.Join(abs, FileName),
-		sync:   opts.Sync,
-		log:    opts.Log(),
-		lock:   lock,
+		path:    filepath.Join(abs, FileName),
+		sync:    opts.Sync,
+		log:     opts.Log(),
+		lock:    lock,
 		idle:    make(chan *reader, maxReaders),
 		tuning:  tun,
 		bodies:  filepath.Join(abs, bodiesDir),
