@@ -9,7 +9,8 @@ import (
 	"github.com/spf13/pflag"
 )
 
-// errUsage means the flags were wrong; pflag has already said why.
+// errUsage means the command line was wrong; what was wrong has been
+// printed already.
 var errUsage = errors.New("usage")
 
 // parseFlags parses args with fs, printing help on -h/--help; it returns
@@ -25,6 +26,8 @@ func parseFlags(env *cliEnv, fs *pflag.FlagSet, args []string) (bool, error) {
 	}
 	help := fs.BoolP("help", "h", false, "show this help")
 	if err := fs.Parse(args); err != nil {
+		// pflag prints nothing itself with ContinueOnError.
+		fmt.Fprintf(env.stderr, "yirangmq %s: %v (see yirangmq %s --help)\n", fs.Name(), err, fs.Name())
 		return false, errUsage
 	}
 	if *help {
