@@ -295,3 +295,58 @@ func TestReadRightAfterPublish(t *testing.T) {
 		t.Fatalf("%d of 2000 reads right after the publish failed, the first: %s", len(failed), failed[0])
 	}
 }
+
+// TestPassthroughRefusedOnOverlay: on a store in an overlayfs the kernel
+// refuses every backing file (ELOOP: stacked too deep). Messages still
+// read whole through the daemon, and the log says once, as a warning,
+// that passthrough is off for the mount.
+func TestPassthroughRefusedOnOverlay(t *testing.T) {
+	needPassthrough(t)
+	base := t.TempDir()
+	for _, d := range []string{"lower", "upper", "work", "merged"} {
+		if err := os.Mkdir(filepath.Join(base, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	merged := filepath.Join(base, "merged")
+	opts := "lowerdir=" + filepath.Join(base, "lower") + ",upperdir=" + filepath.Join(base, "upper") + ",workdir=" + filepath.Join(base, "work")
+	if err := unix.Mount("overlay", merged, "overlay", 0, opts); err != nil {
+		t.Skipf("cannot mount an overlayfs here: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(merged, 0); err != nil {
+			t.Errorf("unmount the overlayfs: %v", err)
+		}
+	})
+	for _, backend := range []string{"fs", "sqlite"} {
+		t.Run(backend, func(t *testing.T) {
+			d := testenv.StartDaemon(t, testenv.DaemonOptions{Backend: backend, Store: filepath.Join(merged, backend)})
+			q := mkq(t, d, "big", `{"maxMessageBytes": 8388608}`)
+			for i := range 3 {
+				body := bigBody(byte(i), 1<<20)
+				path := filepath.Join(q, "inbox", fmt.Sprint("m", i))
+				if err := os.WriteFile(path, body, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				for range 2 {
+					got, err := os.ReadFile(path)
+					if err != nil || !bytes.Equal(got, body) {
+						t.Fatalf("read %s: %d bytes (%v), want the %d written", path, len(got), err, len(body))
+					}
+				}
+			}
+			const line = "passthrough off for this mount"
+			testenv.MustRetryUntil(t, 5*time.Second, "the log line "+line, func() bool {
+				return strings.Contains(d.Log(), line)
+			})
+			if n := strings.Count(d.Log(), line); n != 1 {
+				t.Errorf("%d log lines say %q, want 1", n, line)
+			}
+			for _, l := range strings.Split(d.Log(), "\n") {
+				if strings.Contains(l, line) && (!strings.Contains(l, "level=WARN") || !strings.Contains(l, "too many levels of symbolic links")) {
+					t.Errorf("log line %q: want a warning naming the kernel's error", l)
+				}
+			}
+		})
+	}
+}

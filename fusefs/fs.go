@@ -193,6 +193,9 @@ func (f *FS) Mount(core *queuecore.Core, mountpoint string) (*Server, error) {
 		RootStableAttr:  &fs.StableAttr{Ino: inoRoot},
 		UID:             f.uid,
 		GID:             f.gid,
+		// go-fuse's diagnostics (a backing file refused for passthrough,
+		// an inode number overridden) are warnings in our log.
+		Logger: slog.NewLogLogger(f.log.With("from", "go-fuse").Handler(), slog.LevelWarn),
 	}, func() {
 		f.wg.Add(2)
 		go f.sweepDrafts()

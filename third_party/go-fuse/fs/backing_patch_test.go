@@ -1,6 +1,9 @@
 package fs
 
 import (
+	"bytes"
+	"log"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -46,7 +49,8 @@ func TestBackingRefusal(t *testing.T) {
 		{syscall.EINVAL, true},
 	} {
 		srv := &backingServer{errno: tc.errno}
-		b := &rawBridge{server: srv}
+		var logged bytes.Buffer
+		b := &rawBridge{server: srv, options: Options{Logger: log.New(&logged, "", 0)}}
 		e := &nodeEntry{}
 		fe := &fileEntry{}
 		out := fuse.OpenOut{OpenFlags: fuse.FOPEN_KEEP_CACHE}
@@ -59,6 +63,14 @@ func TestBackingRefusal(t *testing.T) {
 		}
 		if !tc.forGood && (out.OpenFlags&fuse.FOPEN_DIRECT_IO == 0 || out.OpenFlags&fuse.FOPEN_KEEP_CACHE != 0) {
 			t.Errorf("%v: open flags %x, want direct I/O and no page cache", tc.errno, out.OpenFlags)
+		}
+		// One line says what happened.
+		want := "open served without passthrough"
+		if tc.forGood {
+			want = "passthrough off for this mount"
+		}
+		if lines := strings.Split(strings.TrimSpace(logged.String()), "\n"); len(lines) != 1 || !strings.Contains(lines[0], tc.errno.Error()) || !strings.Contains(lines[0], want) {
+			t.Errorf("%v: logged %q, want one line naming the error and %q", tc.errno, logged.String(), want)
 		}
 		// The next open: registration works now.
 		srv.errno = 0

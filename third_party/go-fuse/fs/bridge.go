@@ -878,6 +878,7 @@ func (b *rawBridge) addBackingID(e *nodeEntry, fe *fileEntry, f FileHandle, out 
 			// Not root, no CAP_SYS_ADMIN, or no passthrough in this
 			// kernel or connection: no open will get one.
 			b.disableBackingFiles = true
+			b.logf("RegisterBackingFd: %v; passthrough off for this mount", errno)
 		default:
 			// For now (ENOMEM, out of IDs) or this descriptor (EBADF):
 			// this open goes
