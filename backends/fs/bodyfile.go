@@ -14,8 +14,12 @@ import (
 var _ queuecore.BodyFiler = (*Store)(nil)
 
 // BodyFile opens the body file of message id read-only, for a reader that
-// reads it in place (queuecore.BodyFiler). It is nil while the body is
-// only in the journal and in memory (its file operation has not run yet).
+// reads it in place (queuecore.BodyFiler). A body whose record is durable
+// but whose file is not written yet (the moment between a commit's sync
+// and its file operations) is written first, by this call: a reader
+// served from memory could not map the message MAP_SHARED. It is nil
+// only while the record is not durable yet or the disk is too full for
+// the file (then the body is read from memory).
 // The file is checked to be the message's: its size, and its ID xattr
 // where it has one. Body files are written to a temp file
 // and renamed into place, never changed in place, so the bytes behind the
@@ -28,7 +32,14 @@ func (s *Store) BodyFile(ctx context.Context, id uint64) (*os.File, error) {
 	}
 	if pb != nil {
 		s.fileMu.RUnlock()
-		return nil, nil
+		s.runFileOps(s.synced.Load())
+		if at, pb, err = s.bodyEntry(ctx, id); err != nil {
+			return nil, err
+		}
+		if pb != nil {
+			s.fileMu.RUnlock()
+			return nil, nil
+		}
 	}
 	f, err := os.OpenFile(at.path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
 	s.fileMu.RUnlock()

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"strconv"
+	"sync/atomic"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -118,4 +119,48 @@ func TestBigRecordsReplay(t *testing.T) {
 	}
 	mustApply(t, s, tins(tmsg(6, "q", "6", ready)))
 	wantMessage(t, s, tmsg(6, "q", "6", ready), tbody(6))
+}
+
+// TestBodyFileBeforeFileOps: a reader that opens a message in the moment
+// between its commit's sync and its file operations gets the body file
+// (written by BodyFile itself), not nil (which would serve it from memory,
+// where it cannot be mapped MAP_SHARED); the commit then finds its work
+// done.
+func TestBodyFileBeforeFileOps(t *testing.T) {
+	for _, mode := range []queuecore.SyncMode{queuecore.SyncFull, queuecore.SyncNormal} {
+		t.Run(mode.String(), func(t *testing.T) {
+			ctx := context.Background()
+			var hold atomic.Bool
+			held, release := make(chan struct{}), make(chan struct{})
+			cfg := config{beforeFileOps: func() {
+				if hold.CompareAndSwap(true, false) {
+					close(held)
+					<-release
+				}
+			}}
+			s := openTest(t, t.TempDir(), mode, cfg, nil)
+			mustPutQueues(t, s, "q")
+			hold.Store(true)
+			done := make(chan error, 1)
+			go func() { done <- s.Apply(ctx, []queuecore.Op{tins(tmsg(1, "q", "a", ready))}) }()
+			<-held
+			f, err := s.BodyFile(ctx, 1)
+			if err != nil || f == nil {
+				close(release)
+				t.Fatalf("BodyFile between the sync and the file operations = %v, %v; want the body file", f, err)
+			}
+			defer f.Close()
+			if got := readAllFile(t, f); string(got) != string(tbody(1)) {
+				t.Errorf("body file holds %q, want %q", got, tbody(1))
+			}
+			close(release)
+			if err := <-done; err != nil {
+				t.Fatalf("the commit: %v", err)
+			}
+			if got, err := os.ReadFile(s.bodyPath("q", queuecore.StateReady, "a")); err != nil || string(got) != string(tbody(1)) {
+				t.Fatalf("after the commit the file holds %q (%v), want %q", got, err, tbody(1))
+			}
+			wantMessage(t, s, tmsg(1, "q", "a", ready), tbody(1))
+		})
+	}
 }

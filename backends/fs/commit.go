@@ -125,6 +125,9 @@ func (s *Store) commitLocked(end int64, fileOps []fileOp) error {
 		}
 	}
 	if len(fileOps) > 0 {
+		if s.cfg.beforeFileOps != nil {
+			s.cfg.beforeFileOps()
+		}
 		s.runFileOps(end)
 	}
 	return nil

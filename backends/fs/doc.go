@@ -67,7 +67,9 @@
 // or replaced before the record that says so is durable, and until the
 // next checkpoint the journal holds every new body, so body files need no
 // fsync of their own. Reads come from the index; Body reads the file, or
-// the in-memory copy of a body whose file is not written yet.
+// the in-memory copy of a body whose file is not written yet (BodyFile,
+// which hands the file to a reader, writes it first once the record is
+// durable).
 //
 // A failed fsync or file operation puts the store in a failed state: every
 // later change returns an error, and the next Open repairs from the journal.

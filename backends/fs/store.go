@@ -68,6 +68,7 @@ type config struct {
 	fdatasync       func(fd int) error // nil: unix.Fdatasync; tests make it fail
 	maxDirtyMoves   int                // 0: maxDirtyMoves; tests make it small
 	spillTrimAt     int                // 0: defaultSpillTrimAt; tests make it small
+	beforeFileOps   func()             // nil: nothing; tests hold a commit between its sync and its file operations
 }
 
 func (s *Store) fdatasync(f *os.File) error {
