@@ -314,8 +314,13 @@ func TestPassthroughRefusedOnOverlay(t *testing.T) {
 		t.Skipf("cannot mount an overlayfs here: %v", err)
 	}
 	t.Cleanup(func() {
+		// After the daemons (cleanups run last first), before TempDir's
+		// removal, which must not reach through a mount left behind.
 		if err := unix.Unmount(merged, 0); err != nil {
 			t.Errorf("unmount the overlayfs: %v", err)
+			if err := unix.Unmount(merged, unix.MNT_DETACH); err != nil {
+				t.Errorf("detach the overlayfs: %v", err)
+			}
 		}
 	})
 	for _, backend := range []string{"fs", "sqlite"} {

@@ -18,8 +18,8 @@ var _ queuecore.BodyFiler = (*Store)(nil)
 // but whose file is not written yet (the moment between a commit's sync
 // and its file operations) is written first, by this call: a reader
 // served from memory could not map the message MAP_SHARED. It is nil
-// only while the record is not durable yet or the disk is too full for
-// the file (then the body is read from memory).
+// only while the record is not durable yet, the disk is too full for the
+// file, or the store has failed (then the body is read from memory).
 // The file is checked to be the message's: its size, and its ID xattr
 // where it has one. Body files are written to a temp file
 // and renamed into place, never changed in place, so the bytes behind the
@@ -32,7 +32,7 @@ func (s *Store) BodyFile(ctx context.Context, id uint64) (*os.File, error) {
 	}
 	if pb != nil {
 		s.fileMu.RUnlock()
-		s.runFileOps(s.synced.Load())
+		s.writeDurable()
 		if at, pb, err = s.bodyEntry(ctx, id); err != nil {
 			return nil, err
 		}
@@ -51,6 +51,25 @@ func (s *Store) BodyFile(ctx context.Context, id uint64) (*os.File, error) {
 		return nil, err
 	}
 	return f, nil
+}
+
+// writeDurable does the file operations of the durable pending records,
+// for a reader that wants a body file rather than wait for its commit to
+// write it. It does nothing when none is due, or when the store is
+// closed, failed or held back by a full disk (the reader is then served
+// from memory: retrying the stalled write at every open would take the
+// last free bytes from the commits that free space, and the file lock
+// from every reader).
+func (s *Store) writeDurable() {
+	s.mu.Lock()
+	if s.closed || s.failErr != nil || s.stalled || len(s.pending) == 0 || s.pending[0].end > s.synced.Load() {
+		s.mu.Unlock()
+		return
+	}
+	s.inflight.Add(1) // Close waits for it
+	defer s.inflight.Done()
+	s.mu.Unlock()
+	s.runFileOps(s.synced.Load())
 }
 
 // checkBodyFile makes sure f is a regular file of size bytes carrying id.
