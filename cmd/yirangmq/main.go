@@ -100,6 +100,7 @@ func usage(w io.Writer) {
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "Run 'yirangmq COMMAND --help' for a command's options.")
-	fmt.Fprintln(w, "Exit status: 0 done, 1 the command failed, 2 the command line was wrong")
-	fmt.Fprintln(w, "(in both cases one line on stderr says why).")
+	fmt.Fprintln(w, "Exit status: 0 done, 1 the command failed (one line on stderr says why),")
+	fmt.Fprintln(w, "2 the command line was wrong (one line on stderr says why, or, with no")
+	fmt.Fprintln(w, "command at all, this usage).")
 }

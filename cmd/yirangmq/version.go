@@ -13,9 +13,10 @@ import (
 // printed already.
 var errUsage = errors.New("usage")
 
-// parseFlags parses args with fs, printing help on -h/--help; it returns
-// errUsage for bad flags and for --help (after printing it), and reports
-// whether the command should go on.
+// parseFlags parses args with fs and reports whether the command should
+// go on. On -h/--help it prints the help to stdout and returns false, nil
+// (exit 0); on a bad flag or value it prints one line saying what was
+// wrong and returns false, errUsage (exit 2).
 func parseFlags(env *cliEnv, fs *pflag.FlagSet, args []string) (bool, error) {
 	fs.SetOutput(env.stderr)
 	if fs.Usage == nil {
@@ -42,6 +43,10 @@ func runVersion(ctx context.Context, env *cliEnv, args []string) error {
 	fs := pflag.NewFlagSet("version", pflag.ContinueOnError)
 	if ok, err := parseFlags(env, fs, args); !ok {
 		return err
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(env.stderr, "yirangmq version: unexpected argument %q\n", fs.Arg(0))
+		return errUsage
 	}
 	stores := "sqlite fs postgres"
 	if !withPostgres {
