@@ -49,7 +49,8 @@ type suiteResults struct {
 
 	Floor []floorProbe `json:"floor"`
 	Rows  []row        `json:"rows"`
-	// Interleaved are the goals' systems measured again taking turns
+	// Interleaved are the goals' systems (and the mounts at --sync
+	// normal, for comparison) measured again taking turns
 	// (suite_interleaved.go); the goals' ratios use them when present.
 	Interleaved []row         `json:"interleaved"`
 	Wake        []wakeRow     `json:"wakeup"`
