@@ -395,10 +395,11 @@ func (r *suiteResults) computeGoals() []goal {
 		}
 	}
 	for _, store := range []string{"sqlite", "fs"} {
-		f, okF := r.findRow(sysMount(store, "full"), "publish", 4)
-		n, okN := r.findRow(sysMount(store, "normal"), "publish", 4)
-		v, ok := ratio(f, n, okF, okN)
-		add(fmt.Sprintf("mount %s publish, 4 clients, full ÷ normal", store), v, ok, "×", ">=", 0.5, "")
+		// From the interleaved step, which has the normal mounts too: in
+		// one run the main tables, measured minutes apart, gave 0.48
+		// where the interleaved step gave 0.69.
+		v, ok, note := pair(sysMount(store, "full"), sysMount(store, "normal"), "publish", 4)
+		add(fmt.Sprintf("mount %s publish, 4 clients, full ÷ normal", store), v, ok, "×", ">=", 0.5, note)
 	}
 	for _, store := range []string{"sqlite", "fs"} {
 		sys := sysMount(store, "normal")

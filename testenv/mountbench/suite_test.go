@@ -353,3 +353,32 @@ func TestPacedAndBigOnPlainDir(t *testing.T) {
 		t.Error("a longer file read back without an error")
 	}
 }
+
+// TestFullOverNormalGoal: "full ÷ normal" takes both publishes from the
+// interleaved step when it has them, else from the main tables.
+func TestFullOverNormalGoal(t *testing.T) {
+	pub := func(sys string, ops float64) row {
+		return row{System: sys, Op: "publish", Clients: 4, OpsPerSec: ops}
+	}
+	sf, sn := sysMount("sqlite", "full"), sysMount("sqlite", "normal")
+	r := &suiteResults{
+		Rows:        []row{pub(sf, 2400), pub(sn, 5000)},
+		Interleaved: []row{pub(sf, 2900), pub(sn, 4300)},
+	}
+	goalOf := func(r *suiteResults) goal {
+		for _, g := range r.computeGoals() {
+			if g.Name == "mount sqlite publish, 4 clients, full ÷ normal" {
+				return g
+			}
+		}
+		t.Fatal("no full ÷ normal goal")
+		return goal{}
+	}
+	if g := goalOf(r); g.Value != 0.67 || !g.Met || g.Note != "interleaved" {
+		t.Errorf("with interleaved rows: %+v, want 0.67 (2900/4300), met, from the interleaved step", g)
+	}
+	r.Interleaved = nil
+	if g := goalOf(r); g.Value != 0.48 || g.Met || g.Note != "" {
+		t.Errorf("without interleaved rows: %+v, want 0.48 (2400/5000), not met, from the main tables", g)
+	}
+}
