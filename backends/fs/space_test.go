@@ -46,6 +46,21 @@ func TestFullDiskPutsOffNotFails(t *testing.T) {
 		t.Fatalf("body file of two on a full disk: %v, want it put off", err)
 	}
 	wantMessage(t, s, tmsg(2, "q", "two", ready), tbody(2))
+	// A reader of its body file gets none (it reads from memory), and
+	// does not retry the stalled write: every open would take the file
+	// lock and the last free bytes.
+	s.mu.RLock()
+	before := s.progress
+	s.mu.RUnlock()
+	if f, err := s.BodyFile(ctx, 2); err != nil || f != nil {
+		t.Fatalf("BodyFile of two on a full disk = %v, %v; want none, without an error", f, err)
+	}
+	s.mu.RLock()
+	retried := s.progress != before
+	s.mu.RUnlock()
+	if retried {
+		t.Error("BodyFile retried the file operations a full disk stalled")
+	}
 	// Changes go on in the room the journal has ahead: a lease, an ack.
 	leased := tmsg(1, "q", "one", queuecore.StateLeased)
 	mustApply(t, s, tupd(leased))
