@@ -31,12 +31,8 @@ func runAnnounce(ctx context.Context, env *cliEnv, args []string) error {
 	addMountFlag(fl, &mount)
 	fl.StringVarP(&queue, "queue", "q", "", "the queue")
 	fl.DurationVar(&interval, "interval", time.Second, "how often to look at the queue")
-	if ok, err := parseFlags(env, fl, args); !ok {
+	if ok, err := parseFlagsNoArgs(env, fl, args); !ok {
 		return err
-	}
-	if fl.NArg() > 0 {
-		fmt.Fprintf(env.stderr, "yirangmq announce: unexpected argument %q\n", fl.Arg(0))
-		return errUsage
 	}
 	if interval < 10*time.Millisecond {
 		fmt.Fprintf(env.stderr, "yirangmq announce: --interval must be at least 10ms\n")

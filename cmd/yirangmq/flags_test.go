@@ -28,7 +28,7 @@ func TestBadFlagSaysWhy(t *testing.T) {
 		}
 	}
 	// Commands that take no arguments say so.
-	for _, c := range []string{"version", "reference"} {
+	for _, c := range []string{"version", "reference", "status", "announce", "pause", "resume", "drain"} {
 		r := cli(t, "", c, "extra")
 		if want := "yirangmq " + c + ": unexpected argument \"extra\"\n"; r.code != 2 || r.stderr != want || r.stdout != "" {
 			t.Errorf("yirangmq %s extra: exit %d, stderr %q, stdout %d bytes; want 2, %q, nothing", c, r.code, r.stderr, len(r.stdout), want)

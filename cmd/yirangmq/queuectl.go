@@ -210,12 +210,8 @@ func setPaused(env *cliEnv, cmd string, paused bool, args []string) error {
 	var mount, queue string
 	addMountFlag(fl, &mount)
 	fl.StringVarP(&queue, "queue", "q", "", "the queue")
-	if ok, err := parseFlags(env, fl, args); !ok {
+	if ok, err := parseFlagsNoArgs(env, fl, args); !ok {
 		return err
-	}
-	if fl.NArg() > 0 {
-		fmt.Fprintf(env.stderr, "yirangmq %s: unexpected argument %q\n", cmd, fl.Arg(0))
-		return errUsage
 	}
 	q, err := openQueue(mount, queue)
 	if err != nil {
@@ -266,12 +262,8 @@ func runDrain(ctx context.Context, env *cliEnv, args []string) error {
 	fl.StringVarP(&queue, "queue", "q", "", "the queue")
 	fl.DurationVar(&timeout, "timeout", 0, "give up (exit 1) after this long; 0 waits for ever")
 	fl.BoolVar(&quiet, "quiet", false, "print no progress")
-	if ok, err := parseFlags(env, fl, args); !ok {
+	if ok, err := parseFlagsNoArgs(env, fl, args); !ok {
 		return err
-	}
-	if fl.NArg() > 0 {
-		fmt.Fprintf(env.stderr, "yirangmq drain: unexpected argument %q\n", fl.Arg(0))
-		return errUsage
 	}
 	q, err := openQueue(mount, queue)
 	if err != nil {

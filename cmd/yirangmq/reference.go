@@ -36,12 +36,8 @@ func writeReference(ctx context.Context, w io.Writer) {
 
 func runReference(ctx context.Context, env *cliEnv, args []string) error {
 	fl := pflag.NewFlagSet("reference", pflag.ContinueOnError)
-	if ok, err := parseFlags(env, fl, args); !ok {
+	if ok, err := parseFlagsNoArgs(env, fl, args); !ok {
 		return err
-	}
-	if fl.NArg() > 0 {
-		fmt.Fprintf(env.stderr, "yirangmq reference: unexpected argument %q\n", fl.Arg(0))
-		return errUsage
 	}
 	writeReference(ctx, env.stdout)
 	return nil

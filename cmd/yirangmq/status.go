@@ -35,12 +35,8 @@ func runStatus(ctx context.Context, env *cliEnv, args []string) error {
 	fl.BoolVar(&prom, "prometheus", false, "print MOUNT/.metrics: the Prometheus text exposition format (for node_exporter's textfile collector)")
 	fl.BoolVarP(&watch, "watch", "w", false, "redraw every interval until interrupted")
 	fl.DurationVar(&interval, "interval", time.Second, "how often --watch redraws")
-	if ok, err := parseFlags(env, fl, args); !ok {
+	if ok, err := parseFlagsNoArgs(env, fl, args); !ok {
 		return err
-	}
-	if fl.NArg() > 0 {
-		fmt.Fprintf(env.stderr, "yirangmq status: unexpected argument %q\n", fl.Arg(0))
-		return errUsage
 	}
 	if interval <= 0 {
 		fmt.Fprintln(env.stderr, "yirangmq status: --interval must be positive")

@@ -39,14 +39,23 @@ func parseFlags(env *cliEnv, fs *pflag.FlagSet, args []string) (bool, error) {
 	return true, nil
 }
 
-func runVersion(ctx context.Context, env *cliEnv, args []string) error {
-	fs := pflag.NewFlagSet("version", pflag.ContinueOnError)
+// parseFlagsNoArgs is parseFlags for a command that takes no arguments:
+// a stray one is a wrong command line too.
+func parseFlagsNoArgs(env *cliEnv, fs *pflag.FlagSet, args []string) (bool, error) {
 	if ok, err := parseFlags(env, fs, args); !ok {
-		return err
+		return false, err
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(env.stderr, "yirangmq version: unexpected argument %q\n", fs.Arg(0))
-		return errUsage
+		fmt.Fprintf(env.stderr, "yirangmq %s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
+		return false, errUsage
+	}
+	return true, nil
+}
+
+func runVersion(ctx context.Context, env *cliEnv, args []string) error {
+	fs := pflag.NewFlagSet("version", pflag.ContinueOnError)
+	if ok, err := parseFlagsNoArgs(env, fs, args); !ok {
+		return err
 	}
 	stores := "sqlite fs postgres"
 	if !withPostgres {
