@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -248,4 +249,41 @@ func keys(m map[string][]byte) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// TestReadWhileMovesWaitForSpace: on a full disk with the floor off, the
+// fs store holds back the body files of new publishes and every file
+// operation after them, a lease's rename included. A consumer that leases
+// an older message and reads it gets its body at once, from where the
+// file is, rather than blocking until there is room.
+func TestReadWhileMovesWaitForSpace(t *testing.T) {
+	small := smallFS(t, "4m")
+	d := testenv.StartDaemon(t, testenv.DaemonOptions{Backend: "fs", Sync: "full", Store: filepath.Join(small, "store"),
+		Args: []string{"--min-free", "0"}})
+	q := mkq(t, d, "q", "")
+	inbox := filepath.Join(q, "inbox")
+	body := bytes.Repeat([]byte("older message "), 16<<10/14)
+	if o, w, c := rawPublish(filepath.Join(inbox, "old"), body); o+w+c != "OKOKOK" {
+		t.Fatalf("publish: open=%s write=%s close=%s", o, w, c)
+	}
+	filler := filepath.Join(small, "filler")
+	testenv.FillDisk(t, filler)
+	defer os.Remove(filler)
+	// The first publish that finds no room for its body file stalls the
+	// file operations; it still commits (the journal has room).
+	for i := range 3 {
+		o, w, c := rawPublish(filepath.Join(inbox, fmt.Sprintf("new%d", i)), body)
+		t.Logf("publish new%d on the full disk: open=%s write=%s close=%s", i, o, w, c)
+	}
+	const stalled = "disk full: body files wait"
+	testenv.MustRetryUntil(t, 10*time.Second, "log line "+stalled, func() bool { return strings.Contains(d.Log(), stalled) })
+	if out, err := exec.Command("mv", filepath.Join(inbox, "old"), filepath.Join(q, "processing")+"/").CombinedOutput(); err != nil {
+		t.Fatalf("mv inbox/old processing/: %v: %s", err, out)
+	}
+	// A timeout a user would give up after; a read that waits for space
+	// waits until the filler goes.
+	out, err := exec.Command("timeout", "10", "cat", filepath.Join(q, "processing", "old")).Output()
+	if err != nil || !bytes.Equal(out, body) {
+		t.Fatalf("cat processing/old on the full disk: %d bytes, %v; want its %d bytes at once", len(out), err, len(body))
+	}
 }

@@ -174,8 +174,9 @@ func (s *Store) syncLazy() {
 }
 
 // flushLazy makes every record written so far durable and runs the file
-// operations that waited for it: the timer's work, and what a read of a
-// body whose file is still to be moved does rather than wait for it.
+// operations that waited for it: the timer's work, and Close's. (A read
+// of a body whose file is still to be moved reads it where it is:
+// pendingFrom.)
 func (s *Store) flushLazy() {
 	s.mu.Lock()
 	if s.closed {

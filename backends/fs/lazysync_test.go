@@ -10,8 +10,8 @@ import (
 
 // TestLazySync: in SyncFull a NoSync batch (a lease, an ack) returns before
 // its journal record is synced, and the timer syncs it, and moves its
-// file, within queuecore.SyncDelay; a read of its body does not wait for
-// the timer. A publish syncs at once. SyncStrict syncs the lease too.
+// file, within queuecore.SyncDelay; a read of its body neither waits for
+// the timer nor syncs (it reads the file where it is). A publish syncs at once. SyncStrict syncs the lease too.
 func TestLazySync(t *testing.T) {
 	ctx := context.Background()
 	for _, mode := range []queuecore.SyncMode{queuecore.SyncFull, queuecore.SyncStrict} {
@@ -44,8 +44,21 @@ func TestLazySync(t *testing.T) {
 			if err != nil || string(b) != string(tbody(1)) {
 				t.Fatalf("Body after a lazy lease: %q, %v", b, err)
 			}
+			f, err := s.BodyFile(ctx, 1)
+			if err != nil || f == nil {
+				t.Fatalf("BodyFile after a lazy lease: %v, %v", f, err)
+			}
+			got := readAllFile(t, f)
+			f.Close()
+			if string(got) != string(tbody(1)) {
+				t.Fatalf("BodyFile after a lazy lease holds %q", got)
+			}
+			// Nor do they sync it: the file is read where it is until the
+			// timer moves it.
 			if d := time.Since(start); d >= queuecore.SyncDelay {
-				t.Logf("Body took %v (the machine is slow?)", d)
+				t.Logf("Body and BodyFile took %v (the machine is slow?)", d)
+			} else if !unsynced() {
+				t.Error("reading the body of a lazy lease synced the journal; want it read where it is")
 			}
 			m2 := tmsg(2, "q", "b", queuecore.StateReady)
 			ack := tdel(1)

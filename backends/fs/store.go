@@ -444,12 +444,13 @@ type bodyAt struct {
 	size int64
 }
 
-// bodyEntry finds message id (spilled ones too) once no file operation on
-// its body is under way, and returns with s.fileMu held for reading (the
-// caller releases it), so that the file stays where it was found: pb is
-// the body while its file is not written yet, else the file is at e.path.
-// A lease or an ack not synced yet holds its file back
-// (commitLazyLocked): that is synced at once rather than waited for.
+// bodyEntry finds message id (spilled ones too) and where its body is, and
+// returns with s.fileMu held for reading (the caller releases it), so that
+// the file stays where it was found: pb is the body while its file is not
+// written yet, else the file is at at.path. A file that pending operations
+// are to move (a lease or an ack not synced yet, commitLazyLocked, or
+// operations held back by a full disk) is read where it is now
+// (pendingFrom): the reader neither forces a sync nor waits for space.
 func (s *Store) bodyEntry(ctx context.Context, id uint64) (bodyAt, *pendingBody, error) {
 	for {
 		s.fileMu.RLock()
@@ -472,6 +473,11 @@ func (s *Store) bodyEntry(ctx context.Context, id uint64) (bodyAt, *pendingBody,
 			s.mu.RUnlock()
 			return at, nil, nil
 		}
+		if from, ok := s.pendingFrom(id); ok && s.failErr == nil {
+			at := bodyAt{path: from, size: e.size}
+			s.mu.RUnlock()
+			return at, nil, nil
+		}
 		failErr, ch := s.failErr, s.progress
 		lazy := s.synced.Load() < s.written.Load() && s.opts.Sync == queuecore.SyncFull
 		s.mu.RUnlock()
@@ -489,6 +495,28 @@ func (s *Store) bodyEntry(ctx context.Context, id uint64) (bodyAt, *pendingBody,
 			return bodyAt{}, nil, ctx.Err()
 		}
 	}
+}
+
+// pendingFrom is where the body file of message id is while file
+// operations on it wait: the first of them moves it from there. The caller
+// holds s.fileMu (for reading at least) and s.mu, so the tree has none of
+// the pending operations done: they run in journal order under fileMu
+// held for writing, and runFileOps puts back those a full disk held back
+// before it lets go of fileMu. ok is false when the first is not a rename
+// (a body not written yet is in s.unwritten; a removed message is gone
+// from the index).
+func (s *Store) pendingFrom(id uint64) (from string, ok bool) {
+	for _, r := range s.pending {
+		for _, op := range r.ops {
+			switch op.kind {
+			case opWrite, opRename, opRemove:
+				if op.id == id {
+					return op.from, op.kind == opRename
+				}
+			}
+		}
+	}
+	return "", false
 }
 
 // bodyPath is where the body of a message in queue q, state st, named name
