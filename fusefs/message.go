@@ -31,6 +31,23 @@ type msgNode struct {
 	mu   sync.Mutex
 	name string
 	pend *pending // nil once committed
+	// opens counts the file handles of this node not released yet
+	// (Open, Create): a GETXATTR with some open may come from a
+	// descriptor (fgetxattr), which the kernel does not retry on ESTALE.
+	opens int
+}
+
+// opened and released count the node's file handles (opens).
+func (n *msgNode) opened() {
+	n.mu.Lock()
+	n.opens++
+	n.mu.Unlock()
+}
+
+func (n *msgNode) released() {
+	n.mu.Lock()
+	n.opens--
+	n.mu.Unlock()
 }
 
 // readHandle serves reads of a committed message (the body never changes)
@@ -224,6 +241,14 @@ var _ = (fs.NodeOpener)((*msgNode)(nil))
 // Open of a committed message is read-only: a committed message is
 // immutable, so opening it for writing (cp or > onto it, >>) is EPERM.
 func (n *msgNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	fh, fl, errno := n.open(ctx, flags)
+	if errno == 0 {
+		n.opened()
+	}
+	return fh, fl, errno
+}
+
+func (n *msgNode) open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	n.mu.Lock()
 	p := n.pend
 	name := n.name
@@ -523,6 +548,7 @@ var _ = (fs.NodeReleaser)((*msgNode)(nil))
 // Release commits what no Flush did: empty files, and files whose
 // descriptor went to another process.
 func (n *msgNode) Release(ctx context.Context, fh fs.FileHandle) syscall.Errno {
+	n.released()
 	if h, ok := fh.(*readHandle); ok && h.held > 0 {
 		n.fsys.drafts.grow(&n.fsys.opts, h.uid, -h.held) // a copy of a file not committed
 		h.held, h.body = 0, nil

@@ -74,6 +74,37 @@ func TestKeptCreateName(t *testing.T) {
 	})
 }
 
+// getxattr and listxattr by a name the kernel kept from before a .next
+// lease moved the message must answer as a fresh lookup would (no such
+// file), not with the lease of processing/X; by a descriptor (fgetxattr,
+// which reaches the daemon the same way) they answer for the message
+// wherever it went.
+func TestXattrOfKeptNameAfterMove(t *testing.T) {
+	eachBackend(t, testenv.DaemonOptions{Sync: "normal", Args: []string{"--cache-timeout", "60s"}}, func(t *testing.T, d *testenv.Daemon) {
+		q := mkq(t, d, "q", `{"visibilityTimeoutSec": 60}`)
+		testenv.MustSh(t, q, `
+			set -e
+			echo x > inbox/X
+			getfattr -d inbox/X > /dev/null   # the kernel keeps the name
+			test "$(cat .next)" = processing/X
+			for call in 'os.getxattr("inbox/X", "user.yirangmq.lease_deadline")' 'os.listxattr("inbox/X")'; do
+				err=$(python3 -c "import os; print($call)" 2>&1) && { echo "$call by the kept name: $err" >&2; exit 1; }
+				case "$err" in *FileNotFoundError*) ;; *) echo "$call by the kept name: $err" >&2; exit 1;; esac
+			done
+			getfattr -n user.yirangmq.lease_deadline processing/X > /dev/null
+			echo y > inbox/Y
+			python3 -c '
+import os
+fd = os.open("inbox/Y", os.O_RDONLY)
+m = open(".next").read().strip()
+assert m == "processing/Y", m
+assert os.getxattr(fd, "user.yirangmq.lease_deadline"), "fgetxattr"
+assert "user.yirangmq.lease_deadline" in os.listxattr(fd), "flistxattr"
+'
+		`)
+	})
+}
+
 // touch by a name the kernel kept from before a .next lease moved the
 // message behind its back reaches the daemon as a SETATTR of the old
 // inode. It must answer as a fresh lookup would (no inbox/T any more),

@@ -157,6 +157,7 @@ func (d *stateDir) Create(ctx context.Context, name string, flags uint32, mode u
 	}
 	ino := d.NewInode(ctx, n, fs.StableAttr{Mode: syscall.S_IFREG, Ino: msgIno(n.id)})
 	d.fsys.trackNew(n)
+	n.opened()
 	return ino, &writeHandle{}, fuse.FOPEN_DIRECT_IO, 0
 }
 
