@@ -309,3 +309,32 @@ func TestMaxWriteFollowsBudget(t *testing.T) {
 		}
 	}
 }
+
+// TestReadsSendNoFlush: a read-only open asks the kernel for no FLUSH at
+// its close (FOPEN_NOFLUSH): a consumer's `cat .next` and `cat
+// processing/X`, and reads of .stats and .policy, cost one request less.
+// A publish still gets its FLUSH, where it commits.
+func TestReadsSendNoFlush(t *testing.T) {
+	eachBackend(t, testenv.DaemonOptions{Sync: "normal", Args: []string{"--debug"}}, func(t *testing.T, d *testenv.Daemon) {
+		q := mkq(t, d, "q", "")
+		testenv.MustSh(t, q, `echo body > inbox/A && echo big > inbox/B`)
+		flushes := regexp.MustCompile(`rx \d+: FLUSH `)
+		mark := len(d.Log())
+		out := testenv.MustSh(t, q, `m=$(cat .next) && cat "$m" && cat inbox/B .stats .policy > /dev/null && rm "$m"`)
+		wantOut(t, "cat of the leased message", out, "body")
+		// The rm came after every close: once its request is in the log,
+		// so is any FLUSH of theirs.
+		testenv.MustRetryUntil(t, 5*time.Second, "the UNLINK of the ack in the request log", func() bool {
+			return regexp.MustCompile(`rx \d+: UNLINK `).MatchString(d.Log()[mark:])
+		})
+		if got := flushes.FindAllString(d.Log()[mark:], -1); len(got) != 0 {
+			t.Errorf("read-only opens and closes made %d FLUSH requests, want 0", len(got))
+		}
+		mark = len(d.Log())
+		testenv.MustSh(t, q, `echo again > inbox/C`)
+		testenv.MustRetryUntil(t, 5*time.Second, "the FLUSH of a publish in the request log", func() bool {
+			return flushes.MatchString(d.Log()[mark:])
+		})
+		wantOut(t, "the published message", testenv.MustSh(t, q, `cat inbox/C`), "again")
+	})
+}

@@ -50,6 +50,13 @@ func (n *msgNode) released() {
 	n.mu.Unlock()
 }
 
+// noFlush is in the open flags of every read-only handle: the kernel then
+// sends no FLUSH at its close (FOPEN_NOFLUSH, Linux 5.16 and later; older
+// kernels ignore it and send one, answered with nothing done). A FLUSH
+// does something only for a writer: the commit at close. A consumer's
+// `cat .next` and `cat processing/X` save one request each.
+const noFlush = fuse.FOPEN_NOFLUSH
+
 // readHandle serves reads of a committed message (the body never changes)
 // or of a copy of a file not committed yet, whose bytes count in the
 // draft bounds of the reader's uid until the release (held).
@@ -276,7 +283,7 @@ func (n *msgNode) open(ctx context.Context, flags uint32) (fs.FileHandle, uint32
 		}
 		body := append([]byte(nil), p.buf...)
 		n.mu.Unlock()
-		return &readHandle{body: body, uid: uid, held: size}, fuse.FOPEN_DIRECT_IO, 0
+		return &readHandle{body: body, uid: uid, held: size}, fuse.FOPEN_DIRECT_IO | noFlush, 0
 	}
 	m, errno := n.here(ctx) // ESTALE: `> inbox/X` after X was leased publishes a new X
 	if errno != 0 {
@@ -305,7 +312,7 @@ func (n *msgNode) open(ctx context.Context, flags uint32) (fs.FileHandle, uint32
 	if f != nil {
 		// go-fuse turns this into FOPEN_PASSTHROUGH when the kernel takes
 		// the file (and drops KEEP_CACHE then).
-		return &readHandle{file: f, fd: int(f.Fd()), size: m.Size}, fuse.FOPEN_KEEP_CACHE, 0
+		return &readHandle{file: f, fd: int(f.Fd()), size: m.Size}, fuse.FOPEN_KEEP_CACHE | noFlush, 0
 	}
 	body, err := n.fsys.core.Body(ctx, m)
 	if err != nil {
@@ -316,9 +323,9 @@ func (n *msgNode) open(ctx context.Context, flags uint32) (fs.FileHandle, uint32
 		// another open of it uses the page cache (open(2) would fail with
 		// EIO), and the next reader of this message may get its file: an
 		// open served from memory stays out of the page cache.
-		return &readHandle{body: body}, fuse.FOPEN_DIRECT_IO, 0
+		return &readHandle{body: body}, fuse.FOPEN_DIRECT_IO | noFlush, 0
 	}
-	return &readHandle{body: body}, fuse.FOPEN_KEEP_CACHE, 0
+	return &readHandle{body: body}, fuse.FOPEN_KEEP_CACHE | noFlush, 0
 }
 
 var _ = (fs.NodeReader)((*msgNode)(nil))

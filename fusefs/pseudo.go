@@ -68,7 +68,7 @@ func openDoc(flags uint32, doc func() ([]byte, error)) (fs.FileHandle, uint32, s
 	if err != nil {
 		return nil, 0, errnoOf(err)
 	}
-	return &snapshot{data: data}, fuse.FOPEN_DIRECT_IO, 0
+	return &snapshot{data: data}, fuse.FOPEN_DIRECT_IO | noFlush, 0
 }
 
 // jsonDoc is v as indented JSON and a newline.
@@ -232,7 +232,7 @@ func (n *policyNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uin
 		n.fsys.log.Warn(".policy read refused: the stored policy cannot be loaded", logQueue, n.queue, logErr, why)
 		return nil, 0, syscall.EIO
 	}
-	return &snapshot{data: p.JSON()}, fuse.FOPEN_DIRECT_IO, 0
+	return &snapshot{data: p.JSON()}, fuse.FOPEN_DIRECT_IO | noFlush, 0
 }
 
 var _ = (fs.NodeReader)((*policyNode)(nil))
@@ -394,7 +394,7 @@ func (n *nextNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 		n.fsys.log.Warn(".next refused: leasing needs write permission on the queue", logQueue, n.queue, logUID, c.uid)
 		return nil, 0, syscall.EACCES
 	}
-	return &nextHandle{nonblock: flags&syscall.O_NONBLOCK != 0}, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NONSEEKABLE, 0
+	return &nextHandle{nonblock: flags&syscall.O_NONBLOCK != 0}, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NONSEEKABLE | noFlush, 0
 }
 
 var _ = (fs.NodeReader)((*nextNode)(nil))
