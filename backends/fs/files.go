@@ -74,6 +74,9 @@ func (s *Store) fileOpsFor(changes []change, ops []queuecore.Op, frame []byte, b
 	return out
 }
 
+// isMessageOp reports whether op.id is a message's ID (opRmQueue's is an lsn).
+func isMessageOp(k fileOpKind) bool { return k == opWrite || k == opRename || k == opRemove }
+
 // runFileOps does the file operations of every durable pending record, in
 // journal order, unless someone else already did them up to pos. A failed
 // operation fails the store; the operations after it stay undone (the
@@ -125,6 +128,9 @@ func (s *Store) runFileOps(pos int64) {
 
 	s.mu.Lock()
 	for _, op := range done {
+		if !isMessageOp(op.kind) {
+			continue // a queue's: its id is an lsn, or 0, not a message's
+		}
 		if s.busy[op.id]--; s.busy[op.id] <= 0 {
 			delete(s.busy, op.id)
 		}

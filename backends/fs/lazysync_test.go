@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -55,9 +56,10 @@ func TestLazySync(t *testing.T) {
 			}
 			// Nor do they sync it: the file is read where it is until the
 			// timer moves it.
+			stillUnsynced := unsynced() // before the clock: the timer may fire after
 			if d := time.Since(start); d >= queuecore.SyncDelay {
 				t.Logf("Body and BodyFile took %v (the machine is slow?)", d)
-			} else if !unsynced() {
+			} else if !stillUnsynced {
 				t.Error("reading the body of a lazy lease synced the journal; want it read where it is")
 			}
 			m2 := tmsg(2, "q", "b", queuecore.StateReady)
@@ -83,4 +85,45 @@ func TestLazySync(t *testing.T) {
 			wantMessage(t, s, leased2, tbody(2))
 		})
 	}
+}
+
+// TestQueueOpsLeaveMessageCountsAlone: the file operations of a queue
+// (created, deleted) carry an lsn or 0 where a message's carry its ID; once
+// done they must not count down the pending operations of the message that
+// has that ID, which a read would then look for where they had not put it
+// yet.
+func TestQueueOpsLeaveMessageCountsAlone(t *testing.T) {
+	ctx := context.Background()
+	var s *Store
+	var hook atomic.Bool
+	m := tmsg(4, "q", "a", queuecore.StateReady) // ID 4, as DeleteQueue's lsn below
+	leased := m
+	leased.State, leased.Deadline = queuecore.StateLeased, m.StateAt.Add(time.Minute)
+	cfg := config{beforeFileOps: func() {
+		if hook.CompareAndSwap(true, false) {
+			// Between the queue delete's sync and its file operations: a
+			// lease whose rename waits for the next sync.
+			op := tupd(leased)
+			op.NoSync = true
+			if err := s.Apply(ctx, []queuecore.Op{op}); err != nil {
+				t.Errorf("lease: %v", err)
+			}
+		}
+	}}
+	s = openTest(t, t.TempDir(), queuecore.SyncFull, cfg, nil)
+	mustPutQueues(t, s, "q", "other") // lsn 1, 2
+	mustApply(t, s, tins(m))          // lsn 3
+	s.flushLazy()
+	hook.Store(true)
+	if err := s.DeleteQueue(ctx, "other"); err != nil { // lsn 4
+		t.Fatal(err)
+	}
+	if s.lsn < 5 {
+		t.Fatalf("lsn %d: the lease did not commit in the hook", s.lsn)
+	}
+	if b, err := s.Body(ctx, 4); err != nil || string(b) != string(tbody(4)) {
+		t.Errorf("Body of the leased message = %q, %v", b, err)
+	}
+	s.flushLazy()
+	wantMessage(t, s, leased, tbody(4))
 }

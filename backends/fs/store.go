@@ -416,8 +416,9 @@ func (s *Store) MaxID(ctx context.Context) (uint64, error) {
 }
 
 // Body returns the body of message id. A body whose file is not written
-// yet comes from memory; one whose file is about to move is read once the
-// move is done, so a body is never read from the wrong file.
+// yet comes from memory; one whose file is about to move is read where it
+// is until the move is done (bodyEntry), so a body is never read from the
+// wrong file.
 func (s *Store) Body(ctx context.Context, id uint64) ([]byte, error) {
 	at, pb, err := s.bodyEntry(ctx, id)
 	if err != nil {
