@@ -50,34 +50,7 @@ func (s *Store) Apply(ctx context.Context, ops []queuecore.Op) error {
 	if !queuecore.WaitsFor(s.opts.Sync, ops) && s.opts.Sync == queuecore.SyncFull {
 		return s.commitLazyLocked(end, fileOps)
 	}
-	if s.opts.Sync == queuecore.SyncFull && deferrable(fileOps) {
-		return s.commitDeferLocked(end, fileOps)
-	}
 	return s.commitLocked(end, fileOps)
-}
-
-// commitDeferLocked is commitLocked for a publish of small bodies in
-// SyncFull: it waits for its record to be durable, but leaves its body
-// files to be written by the next commit that runs file operations, a
-// reader of the body, or the lazy timer (within queuecore.SyncDelay),
-// whichever comes first; it runs those of the records before its own. The
-// journal holds the bodies meanwhile, and they are read from it. A message
-// acked before its file was written never gets one (dropUnwrittenLocked).
-func (s *Store) commitDeferLocked(end int64, fileOps []fileOp) error {
-	s.pending = append(s.pending, pendingRecord{end: end, ops: fileOps})
-	s.inflight.Add(1)
-	defer s.inflight.Done()
-	s.maybeCheckpointLocked()
-	s.armLazyLocked()
-	s.mu.Unlock()
-	if err := s.waitDurable(end); err != nil {
-		return err
-	}
-	if s.cfg.beforeFileOps != nil {
-		s.cfg.beforeFileOps()
-	}
-	s.runFileOps(end - 1) // the records before this one
-	return nil
 }
 
 // PutQueue creates a queue or replaces its policy and permissions.

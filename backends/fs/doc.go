@@ -66,14 +66,10 @@
 // whichever caller gets there first. A body file is therefore never removed
 // or replaced before the record that says so is durable, and until the
 // next checkpoint the journal holds every new body, so body files need no
-// fsync of their own. In SyncFull the file operations of a lease or an
-// ack wait for the next sync (at most queuecore.SyncDelay), and a publish
-// of small bodies leaves its body files to the next commit or to that
-// timer: a message acked by then never gets a file at all
-// (dropUnwrittenLocked), so a publish, lease and ack touch no file. Reads
-// come from the index; Body reads the file where it is, or the in-memory
-// copy of a body whose file is not written yet (BodyFile, which hands the
-// file to a reader, writes it first once the record is durable).
+// fsync of their own. Reads come from the index; Body reads the file, or
+// the in-memory copy of a body whose file is not written yet (BodyFile,
+// which hands the file to a reader, writes it first once the record is
+// durable).
 //
 // A failed fsync or file operation puts the store in a failed state: every
 // later change returns an error, and the next Open repairs from the journal.

@@ -61,9 +61,6 @@ func (s *Store) fileOpsFor(changes []change, ops []queuecore.Op, frame []byte, b
 			s.unwritten[c.new.id] = pb
 			op = fileOp{kind: opWrite, id: c.new.id, to: s.entryPath(c.new), body: pb}
 		case c.new == nil:
-			if s.dropUnwrittenLocked(c.old.id) {
-				continue // its body file was never written: nothing to remove
-			}
 			op = fileOp{kind: opRemove, id: c.old.id, from: s.entryPath(c.old)}
 		default:
 			if c.old.q == c.new.q && c.old.state == c.new.state && c.old.name() == c.new.name() {
@@ -77,74 +74,14 @@ func (s *Store) fileOpsFor(changes []change, ops []queuecore.Op, frame []byte, b
 	return out
 }
 
-// deferBodyBytes bounds the bodies of a publish whose file operations may
-// wait for the next commit or the lazy timer (commitLocked) in SyncFull.
-const deferBodyBytes = 64 << 10
-
-// deferrable reports whether ops, a publish's file operations, may wait:
-// body writes only, of deferBodyBytes at most in all.
-func deferrable(ops []fileOp) bool {
-	n := 0
-	for _, op := range ops {
-		if op.kind != opWrite {
-			return false
-		}
-		n += len(op.body.data)
-	}
-	return len(ops) > 0 && n <= deferBodyBytes
-}
-
 // isMessageOp reports whether op.id is a message's ID (opRmQueue's is an lsn).
 func isMessageOp(k fileOpKind) bool { return k == opWrite || k == opRename || k == opRemove }
 
-// dropUnwrittenLocked forgets the pending file operations of message id,
-// which is being deleted, when its body file was never written: the write
-// and any renames after it are dropped, and the delete needs no unlink. A
-// round trip of publish, lease and ack in SyncFull then touches no file.
-// It does so only when every pending operation of id is in s.pending (none
-// is being run) and in records of the current journal: a checkpoint drops
-// the old journal, which holds the body, once its records' operations are
-// done, and the delete's record may not be durable yet (after a power cut
-// that loses it, the message and its body come back from the journal, and
-// Open writes the file). mu is held.
-func (s *Store) dropUnwrittenLocked(id uint64) bool {
-	pb := s.unwritten[id]
-	if pb == nil {
-		return false
-	}
-	base := s.cur.Load().base
-	found, first := int32(0), true
-	for _, r := range s.pending {
-		for _, op := range r.ops {
-			if op.id != id || !isMessageOp(op.kind) {
-				continue
-			}
-			if first && (op.kind != opWrite || op.body != pb) || r.end <= base {
-				return false
-			}
-			first = false
-			found++
-		}
-	}
-	if found == 0 || found != s.busy[id] {
-		return false // some are being run
-	}
-	for i := range s.pending {
-		s.pending[i].ops = slices.DeleteFunc(s.pending[i].ops, func(op fileOp) bool {
-			return op.id == id && isMessageOp(op.kind)
-		})
-	}
-	delete(s.unwritten, id)
-	delete(s.busy, id)
-	return true
-}
-
-// runFileOps does the file operations of the durable pending records that
-// end at pos or before, in journal order, unless someone else already did
-// them. A failed operation fails the store; the operations after it stay
-// undone (the journal still has them for the next Open). One that failed
-// for lack of space stalls them instead: they are tried again later
-// (Reclaim).
+// runFileOps does the file operations of every durable pending record, in
+// journal order, unless someone else already did them up to pos. A failed
+// operation fails the store; the operations after it stay undone (the
+// journal still has them for the next Open). One that failed for lack of
+// space stalls them instead: they are tried again later (Reclaim).
 func (s *Store) runFileOps(pos int64) {
 	s.fileMu.Lock()
 	defer s.fileMu.Unlock()
@@ -157,7 +94,7 @@ func (s *Store) runFileOps(pos int64) {
 		s.mu.Unlock()
 		return
 	}
-	durable := min(s.synced.Load(), pos)
+	durable := s.synced.Load()
 	n := 0
 	for n < len(s.pending) && s.pending[n].end <= durable {
 		n++

@@ -2,9 +2,6 @@ package fs
 
 import (
 	"context"
-	"errors"
-	"os"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -87,98 +84,6 @@ func TestLazySync(t *testing.T) {
 			}
 			wantMessage(t, s, leased2, tbody(2))
 		})
-	}
-}
-
-// TestDeferredBodyFiles: in SyncFull a publish of small bodies returns
-// once its record is durable and leaves its body file to the next commit
-// or the lazy timer; a message leased and acked before then never gets
-// one (no create, rename or unlink), and one left alone gets its file
-// within queuecore.SyncDelay. After a crash that loses the ack, Open
-// writes the body back from the journal.
-func TestDeferredBodyFiles(t *testing.T) {
-	ctx := context.Background()
-	dir := t.TempDir()
-	s := openTest(t, dir, queuecore.SyncFull, config{}, nil)
-	mustPutQueues(t, s, "q")
-	path := func(name string, st queuecore.State) string { return s.bodyPath("q", st, name) }
-
-	// A round trip: no file, ever. (Each check holds only while the timer,
-	// armed by the publish, has not fired: a slow machine skips it.)
-	m := tmsg(1, "q", "a", queuecore.StateReady)
-	t0 := time.Now()
-	mustApply(t, s, tins(m))
-	_, err := os.Lstat(path("a", queuecore.StateReady))
-	if time.Since(t0) < queuecore.SyncDelay && err == nil {
-		t.Error("the publish wrote its body file before it returned; want it left to the next commit or the timer")
-	}
-	leased := m
-	leased.State, leased.Deadline = queuecore.StateLeased, m.StateAt.Add(time.Minute)
-	lease := tupd(leased)
-	lease.NoSync = true
-	mustApply(t, s, lease)
-	if b, err := s.Body(ctx, 1); err != nil || string(b) != string(tbody(1)) {
-		t.Fatalf("Body of the leased message: %q, %v", b, err)
-	}
-	ack := tdel(1)
-	ack.NoSync = true
-	mustApply(t, s, ack)
-	s.mu.RLock()
-	busy, pending := s.busy[1], 0
-	for _, r := range s.pending {
-		pending += len(r.ops)
-	}
-	s.mu.RUnlock()
-	if time.Since(t0) < queuecore.SyncDelay && (busy != 0 || pending != 0) {
-		t.Errorf("after the ack: %d file operations of the message pending, %d in all; want none (write, rename and unlink dropped)", busy, pending)
-	}
-	s.flushLazy()
-	if len(s.unwritten) != 0 || len(s.busy) != 0 {
-		t.Errorf("after the ack: %d unwritten, %d busy; want none", len(s.unwritten), len(s.busy))
-	}
-	for _, st := range []queuecore.State{queuecore.StateReady, queuecore.StateLeased} {
-		if _, err := os.Lstat(path("a", st)); !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("%s of an acked message: %v, want no file", path("a", st), err)
-		}
-	}
-
-	// Left alone: written by the timer.
-	mustApply(t, s, tins(tmsg(2, "q", "b", queuecore.StateReady)))
-	start := time.Now()
-	for {
-		if got, err := os.ReadFile(path("b", queuecore.StateReady)); err == nil {
-			if string(got) != string(tbody(2)) {
-				t.Fatalf("body file of b holds %q", got)
-			}
-			break
-		}
-		if time.Since(start) > 5*queuecore.SyncDelay {
-			t.Fatalf("the body file of b is not written %v after its publish", time.Since(start))
-		}
-		time.Sleep(queuecore.SyncDelay / 10)
-	}
-
-	// A crash after the ack's record was written but before it was
-	// synced: the journal is cut back to the publish's record.
-	m3 := tmsg(3, "q", "c", queuecore.StateReady)
-	mustApply(t, s, tins(m3))
-	synced := s.cur.Load().size
-	ack = tdel(3)
-	ack.NoSync = true
-	mustApply(t, s, ack)
-	if _, err := os.Lstat(path("c", queuecore.StateReady)); !errors.Is(err, os.ErrNotExist) {
-		t.Skipf("the body file of c was written before the ack (slow machine?): %v", err)
-	}
-	j := filepath.Join(dir, journalName)
-	crash(t, s)
-	if err := os.Truncate(j, synced); err != nil {
-		t.Fatal(err)
-	}
-	s = openTest(t, dir, queuecore.SyncFull, config{}, nil)
-	wantMessage(t, s, m3, tbody(3))
-	s.flushLazy()
-	if got, err := os.ReadFile(path("c", queuecore.StateReady)); err != nil || string(got) != string(tbody(3)) {
-		t.Errorf("after the crash the body file of c holds %q (%v), want %q", got, err, tbody(3))
 	}
 }
 

@@ -379,7 +379,6 @@ func TestFailedBatchChangesNothing(t *testing.T) {
 	s := openTest(t, dir, queuecore.SyncFull, config{}, nil)
 	mustPutQueues(t, s, "q")
 	mustApply(t, s, tins(tmsg(1, "q", "taken", leased)), tins(tmsg(2, "q", "other", ready)))
-	s.flushLazy() // the publish left its body files to the timer (commitDeferLocked)
 	jsize, lsn, maxID := s.cur.Load().size, s.lsn, s.ix.maxID
 	before := treeFiles(t, dir)
 
