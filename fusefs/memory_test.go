@@ -315,6 +315,9 @@ func TestMaxWriteFollowsBudget(t *testing.T) {
 // processing/X`, and reads of .stats and .policy, cost one request less.
 // A publish still gets its FLUSH, where it commits.
 func TestReadsSendNoFlush(t *testing.T) {
+	if !kernelAtLeast(5, 16) {
+		t.Skip("FOPEN_NOFLUSH needs Linux 5.16 or later; older kernels ignore it and send the FLUSH")
+	}
 	eachBackend(t, testenv.DaemonOptions{Sync: "normal", Args: []string{"--debug"}}, func(t *testing.T, d *testenv.Daemon) {
 		q := mkq(t, d, "q", "")
 		testenv.MustSh(t, q, `echo body > inbox/A && echo big > inbox/B`)
