@@ -80,9 +80,7 @@ func TestKeptCreateName(t *testing.T) {
 // which reaches the daemon the same way) they answer for the message
 // wherever it went.
 func TestXattrOfKeptNameAfterMove(t *testing.T) {
-	eachBackend(t, testenv.DaemonOptions{Sync: "normal", Args: []string{"--cache-timeout", "60s"}}, func(t *testing.T, d *testenv.Daemon) {
-		q := mkq(t, d, "q", `{"visibilityTimeoutSec": 60}`)
-		testenv.MustSh(t, q, `
+	keptNamesSh(t, `
 			set -e
 			echo x > inbox/X
 			getfattr -d inbox/X > /dev/null   # the kernel keeps the name
@@ -101,8 +99,7 @@ assert m == "processing/Y", m
 assert os.getxattr(fd, "user.yirangmq.lease_deadline"), "fgetxattr"
 assert "user.yirangmq.lease_deadline" in os.listxattr(fd), "flistxattr"
 '
-		`)
-	})
+	`)
 }
 
 // touch by a name the kernel kept from before a .next lease moved the
@@ -110,9 +107,7 @@ assert "user.yirangmq.lease_deadline" in os.listxattr(fd), "flistxattr"
 // inode. It must answer as a fresh lookup would (no inbox/T any more),
 // not extend the lease the .next reader holds on processing/T.
 func TestTouchOfKeptNameAfterMove(t *testing.T) {
-	eachBackend(t, testenv.DaemonOptions{Sync: "normal", Args: []string{"--cache-timeout", "60s"}}, func(t *testing.T, d *testenv.Daemon) {
-		q := mkq(t, d, "q", `{"visibilityTimeoutSec": 60}`)
-		testenv.MustSh(t, q, `
+	keptNamesSh(t, `
 			set -e
 			echo x > inbox/T
 			stat inbox/T > /dev/null          # the kernel keeps the name and its attributes
@@ -136,8 +131,7 @@ func TestTouchOfKeptNameAfterMove(t *testing.T) {
 			fi
 			touch -c -d @$later processing/T2 # the holder's own touch does
 			test "$(stat -c %Y processing/T2)" -eq "$later"
-		`)
-	})
+	`)
 }
 
 // A tool that sets the times and mode of its file by path after the
@@ -157,5 +151,15 @@ func TestCopyStatAfterCommitMovedIt(t *testing.T) {
 			python3 -c 'import shutil, sys; shutil.copy2(sys.argv[1], "inbox/D")' `+src+`
 			test -f delayed/D
 			test ! -e inbox/D`)
+	})
+}
+
+// keptNamesSh runs script in a queue "q" with 60 s leases, on a daemon of
+// each store that lets the kernel keep names 60 s: only a fresh lookup
+// changes what it holds.
+func keptNamesSh(t *testing.T, script string) {
+	t.Helper()
+	eachBackend(t, testenv.DaemonOptions{Sync: "normal", Args: []string{"--cache-timeout", "60s"}}, func(t *testing.T, d *testenv.Daemon) {
+		testenv.MustSh(t, mkq(t, d, "q", `{"visibilityTimeoutSec": 60}`), script)
 	})
 }

@@ -80,20 +80,21 @@ func (n *msgNode) xattrs(ctx context.Context, want string) ([][2]string, syscall
 	}
 	open := n.opens > 0
 	n.mu.Unlock()
-	if !open {
-		// By name: ESTALE when the name the kernel kept is no longer this
-		// message's, and the kernel looks it up again and retries (as for
-		// a GETATTR). With a descriptor open the call may come through
-		// it, and then it is the message's wherever it is now.
-		m, errno := n.here(ctx)
-		if errno != 0 {
-			return nil, errno
-		}
-		return n.messageXattrs(ctx, m, want), 0
+	// By name: ESTALE when the name the kernel kept is no longer this
+	// message's, and the kernel looks it up again and retries (as for a
+	// GETATTR). With a descriptor open the call may come through it, and
+	// then it is the message's wherever it is now.
+	var m queuecore.Message
+	var errno syscall.Errno
+	if open {
+		var err error
+		m, err = n.current(ctx)
+		errno = errnoOf(err)
+	} else {
+		m, errno = n.here(ctx)
 	}
-	m, err := n.current(ctx)
-	if err != nil {
-		return nil, errnoOf(err)
+	if errno != 0 {
+		return nil, errno
 	}
 	return n.messageXattrs(ctx, m, want), 0
 }

@@ -26,14 +26,14 @@ var _ queuecore.BodyFiler = (*Store)(nil)
 // descriptor stay the message's whatever happens to the name afterwards
 // (a lease renames it, an ack unlinks it, a new message may take the name).
 func (s *Store) BodyFile(ctx context.Context, id uint64) (*os.File, error) {
-	at, pb, err := s.bodyEntry(ctx, id)
+	at, pb, err := s.bodyEntry(id)
 	if err != nil {
 		return nil, err
 	}
 	if pb != nil {
 		s.fileMu.RUnlock()
 		s.writeDurable()
-		if at, pb, err = s.bodyEntry(ctx, id); err != nil {
+		if at, pb, err = s.bodyEntry(id); err != nil {
 			return nil, err
 		}
 		if pb != nil {

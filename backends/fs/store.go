@@ -420,7 +420,7 @@ func (s *Store) MaxID(ctx context.Context) (uint64, error) {
 // is until the move is done (bodyEntry), so a body is never read from the
 // wrong file.
 func (s *Store) Body(ctx context.Context, id uint64) ([]byte, error) {
-	at, pb, err := s.bodyEntry(ctx, id)
+	at, pb, err := s.bodyEntry(id)
 	if err != nil {
 		return nil, err
 	}
@@ -452,50 +452,42 @@ type bodyAt struct {
 // are to move (a lease or an ack not synced yet, commitLazyLocked, or
 // operations held back by a full disk) is read where it is now
 // (pendingFrom): the reader neither forces a sync nor waits for space.
-func (s *Store) bodyEntry(ctx context.Context, id uint64) (bodyAt, *pendingBody, error) {
-	for {
-		s.fileMu.RLock()
-		s.mu.RLock()
-		e, err := s.ix.get(id)
-		if err == nil && e == nil {
-			err = queuecore.ErrNotFound
-		}
-		if err != nil {
-			s.mu.RUnlock()
-			s.fileMu.RUnlock()
-			return bodyAt{}, nil, fmt.Errorf("body of message %d: %w", id, err)
-		}
-		if pb := s.unwritten[id]; pb != nil {
-			s.mu.RUnlock()
-			return bodyAt{}, pb, nil
-		}
-		if s.busy[id] == 0 {
-			at := bodyAt{path: s.entryPath(e), size: e.size}
-			s.mu.RUnlock()
-			return at, nil, nil
-		}
-		if from, ok := s.pendingFrom(id); ok && s.failErr == nil {
-			at := bodyAt{path: from, size: e.size}
-			s.mu.RUnlock()
-			return at, nil, nil
-		}
-		failErr, ch := s.failErr, s.progress
-		lazy := s.synced.Load() < s.written.Load() && s.opts.Sync == queuecore.SyncFull
-		s.mu.RUnlock()
+func (s *Store) bodyEntry(id uint64) (bodyAt, *pendingBody, error) {
+	s.fileMu.RLock()
+	s.mu.RLock()
+	at, pb, err := s.findBodyLocked(id)
+	s.mu.RUnlock()
+	if err != nil {
 		s.fileMu.RUnlock()
-		if failErr != nil {
-			return bodyAt{}, nil, fmt.Errorf("body of message %d: the store failed: %w", id, failErr)
-		}
-		if lazy {
-			s.flushLazy()
-			continue
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return bodyAt{}, nil, ctx.Err()
-		}
+		return bodyAt{}, nil, fmt.Errorf("body of message %d: %w", id, err)
 	}
+	return at, pb, nil
+}
+
+// findBodyLocked is bodyEntry's look-up; s.fileMu and s.mu are held.
+func (s *Store) findBodyLocked(id uint64) (bodyAt, *pendingBody, error) {
+	e, err := s.ix.get(id)
+	if err == nil && e == nil {
+		err = queuecore.ErrNotFound
+	}
+	if err != nil {
+		return bodyAt{}, nil, err
+	}
+	if pb := s.unwritten[id]; pb != nil {
+		return bodyAt{}, pb, nil
+	}
+	if s.busy[id] == 0 {
+		return bodyAt{path: s.entryPath(e), size: e.size}, nil, nil
+	}
+	if s.failErr != nil {
+		return bodyAt{}, nil, fmt.Errorf("the store failed: %w", s.failErr)
+	}
+	from, ok := s.pendingFrom(id)
+	if !ok {
+		// Not written yet is s.unwritten, removed is gone from the index.
+		return bodyAt{}, nil, fmt.Errorf("its pending file operations do not start with a rename: %w", errBadOp)
+	}
+	return bodyAt{path: from, size: e.size}, nil, nil
 }
 
 // pendingFrom is where the body file of message id is while file
@@ -509,11 +501,8 @@ func (s *Store) bodyEntry(ctx context.Context, id uint64) (bodyAt, *pendingBody,
 func (s *Store) pendingFrom(id uint64) (from string, ok bool) {
 	for _, r := range s.pending {
 		for _, op := range r.ops {
-			switch op.kind {
-			case opWrite, opRename, opRemove:
-				if op.id == id {
-					return op.from, op.kind == opRename
-				}
+			if op.id == id && isMessageOp(op.kind) {
+				return op.from, op.kind == opRename
 			}
 		}
 	}

@@ -881,10 +881,9 @@ func (b *rawBridge) addBackingID(e *nodeEntry, fe *fileEntry, f FileHandle, out 
 			b.logf("RegisterBackingFd: %v; passthrough off for this mount", errno)
 		default:
 			// For now (ENOMEM, out of IDs) or this descriptor (EBADF):
-			// this open goes
-			// without, and with direct I/O, so that it does not put the
-			// inode in the page-cache mode, in which the kernel would
-			// refuse a later passthrough open of it (EIO).
+			// this open goes without, and with direct I/O, so that it
+			// does not put the inode in the page-cache mode, in which the
+			// kernel would refuse a later passthrough open of it (EIO).
 			b.logf("RegisterBackingFd: %v; open served without passthrough", errno)
 			out.OpenFlags |= fuse.FOPEN_DIRECT_IO
 			out.OpenFlags &^= uint32(fuse.FOPEN_KEEP_CACHE)
