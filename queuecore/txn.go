@@ -126,7 +126,7 @@ func (b *batch) update(q *queue, old, m Message) {
 }
 
 func (b *batch) remove(q *queue, old Message) {
-	b.ops = append(b.ops, Op{Kind: OpDelete, Msg: Message{ID: old.ID, Queue: old.Queue, Name: old.Name, State: old.State, Rev: old.Rev}, From: old.State})
+	b.ops = append(b.ops, Op{Kind: OpDelete, Msg: Message{ID: old.ID, Queue: old.Queue, Name: old.Name, State: old.State, Size: old.Size, Rev: old.Rev}, From: old.State})
 	b.touched = append(b.touched, touch{q: q, m: old, gone: true})
 	b.deltas = append(b.deltas, gaugeDelta{q: q, s: old.State, n: -1, sz: -old.Size})
 	b.events = append(b.events, Event{Queue: old.Queue, Name: old.Name, From: old.State, ByDaemon: b.byDaemon})

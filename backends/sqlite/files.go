@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -209,11 +210,12 @@ func (s *Store) synced(upTo uint64) {
 // for the caller to remove). The IDs stay in s.writing until forget.
 func (s *Store) writeFiles(ops []queuecore.Op, inFile []bool) (written []uint64, err error) {
 	durable := s.sync.Durable()
-	s.hasFiles.Store(true) // before the commit: a delete must look for its file
 	for i := range ops {
 		if !inFile[i] {
 			continue
 		}
+		// Before the commit: a delete must look for its file.
+		s.fileFloor.note(int64(len(ops[i].Body)))
 		id := ops[i].Msg.ID
 		if err := s.claim(id); err != nil {
 			return written, err
@@ -328,7 +330,7 @@ func (s *Store) size(id uint64) (int64, error) {
 // BodyFile opens the file of message id's body for reading in place
 // (queuecore.BodyFiler). It returns nil when the body is in the database.
 func (s *Store) BodyFile(_ context.Context, id uint64) (*os.File, error) {
-	if !s.hasFiles.Load() {
+	if !s.fileFloor.any() {
 		return nil, nil
 	}
 	f, err := os.OpenFile(s.bodyPath(id), os.O_RDONLY|unix.O_NOFOLLOW, 0)
@@ -423,6 +425,7 @@ func (s *Store) openFiles() error {
 		return fmt.Errorf("sync the WAL before removing body files: %w", err)
 	}
 	removed := 0
+	var whole []int64 // the sizes of the files found whole
 	for _, e := range ents {
 		id, err := strconv.ParseUint(e.Name(), 10, 64)
 		if err != nil || strconv.FormatUint(id, 10) != e.Name() || !e.Type().IsRegular() {
@@ -432,6 +435,7 @@ func (s *Store) openFiles() error {
 		if size, ok := named[id]; ok {
 			if fi, err := e.Info(); err == nil && fi.Size() == size {
 				named[id] = -1
+				whole = append(whole, size)
 			}
 			continue
 		}
@@ -449,6 +453,9 @@ func (s *Store) openFiles() error {
 			lost = append(lost, id)
 		}
 	}
+	for _, size := range whole {
+		s.fileFloor.note(size)
+	}
 	for _, id := range lost {
 		// See the top of this file: an ack undone by a power cut after
 		// its file was removed.
@@ -460,8 +467,37 @@ func (s *Store) openFiles() error {
 			return fmt.Errorf("remove short body file: %w", err)
 		}
 	}
-	s.hasFiles.Store(len(named) > len(lost))
 	return nil
+}
+
+// fileFloor is the least size of a body that a store holds or held in a
+// file since it opened, or none. A delete looks for the body file of a
+// message no smaller than it, and of one whose size it is not told; a
+// store that never had a file looks for none.
+type fileFloor struct{ least atomic.Int64 } // 0: no file yet
+
+// note records a body of size bytes in a file.
+func (f *fileFloor) note(size int64) {
+	size = max(size, 1) // 0 means none
+	for {
+		cur := f.least.Load()
+		if cur != 0 && cur <= size {
+			return
+		}
+		if f.least.CompareAndSwap(cur, size) {
+			return
+		}
+	}
+}
+
+// any reports whether the store holds or held a body file.
+func (f *fileFloor) any() bool { return f.least.Load() != 0 }
+
+// mayHold reports whether a body of size bytes (0: not known) may be in a
+// file.
+func (f *fileFloor) mayHold(size int64) bool {
+	least := f.least.Load()
+	return least != 0 && (size <= 0 || size >= least)
 }
 
 // syncWAL and removeOrphan are what openFiles does before and to an

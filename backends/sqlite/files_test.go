@@ -411,3 +411,77 @@ func TestFileBodiesKilledBeforeAckSync(t *testing.T) {
 		t.Fatalf("Body of the acked message: %v, want ErrNotFound", err)
 	}
 }
+
+// TestFileBodiesAckLookups: a delete looks in the database for the body
+// file only of a message as big as the smallest body the store has held
+// in a file since it opened (or of one whose size it is not told), and
+// that floor comes from the files, not from the size setting: a store
+// reopened with a larger one still finds the smaller files of before.
+func TestFileBodiesAckLookups(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	s := openTuned(t, dir, queuecore.SyncFull, tuning{fileBodies: 4096})
+	if err := s.PutQueue(ctx, queuecore.QueueInfo{Name: "q"}); err != nil {
+		t.Fatal(err)
+	}
+	del := func(s *Store, id uint64, size int64) {
+		t.Helper()
+		m := message(id, "q", "m"+strconv.FormatUint(id, 10))
+		m.Size = size
+		if err := s.Apply(ctx, []queuecore.Op{{Kind: queuecore.OpDelete, Msg: m, From: m.State}}); err != nil {
+			t.Fatalf("delete %d: %v", id, err)
+		}
+	}
+	lookups := func(s *Store) (n int) {
+		onWriter(s, func(w *writer) { n = w.lookups })
+		return n
+	}
+	steps := []struct {
+		what   string
+		insert []queuecore.Op
+		id     uint64
+		size   int64 // told to the delete
+		looks  int   // look-ups it makes
+	}{
+		{what: "no file yet", insert: []queuecore.Op{fileOp(1, "q", 100)}, id: 1, size: 100, looks: 0},
+		{what: "no file yet, size not told", insert: []queuecore.Op{fileOp(2, "q", 100)}, id: 2, size: 0, looks: 0},
+		{what: "under the floor", insert: []queuecore.Op{fileOp(3, "q", 5000), fileOp(4, "q", 100)}, id: 4, size: 100, looks: 0},
+		{what: "size not told", insert: []queuecore.Op{fileOp(5, "q", 100)}, id: 5, size: 0, looks: 1},
+		{what: "at the floor", id: 3, size: 5000, looks: 1},
+		{what: "under the floor, whose file is gone", insert: []queuecore.Op{fileOp(6, "q", 6000), fileOp(7, "q", 4000)}, id: 7, size: 4000, looks: 0},
+	}
+	for _, st := range steps {
+		if st.insert != nil {
+			if err := s.Apply(ctx, st.insert); err != nil {
+				t.Fatalf("%s: insert: %v", st.what, err)
+			}
+		}
+		before := lookups(s)
+		del(s, st.id, st.size)
+		if got := lookups(s) - before; got != st.looks {
+			t.Errorf("%s: delete of %d (size %d) made %d look-ups, want %d", st.what, st.id, st.size, got, st.looks)
+		}
+	}
+	if got, want := bodyFiles(t, dir), map[string]int64{"6": 6000}; !equalSizes(got, want) {
+		t.Fatalf("body files %v, want %v", got, want)
+	}
+
+	// Reopened with the default size (256 KiB): message 6's file, under
+	// it, still sets the floor, so its delete finds and removes it.
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openTest(t, dir, queuecore.SyncFull)
+	if err := s.Apply(ctx, []queuecore.Op{fileOp(8, "q", 5000)}); err != nil {
+		t.Fatal(err)
+	}
+	before := lookups(s)
+	del(s, 8, 5000)
+	del(s, 6, 6000)
+	if got := lookups(s) - before; got != 1 {
+		t.Errorf("after reopening: %d look-ups, want 1 (message 6's)", got)
+	}
+	if got := bodyFiles(t, dir); len(got) != 0 {
+		t.Fatalf("body files %v after deleting their messages, want none", got)
+	}
+}

@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/mattn/go-sqlite3"
@@ -82,11 +81,11 @@ type Store struct {
 	readersMu sync.Mutex
 	readers   int
 
-	// Body files (files.go): their directory, whether the store has or
-	// had any since it was opened, and the IDs whose file an Apply is
-	// writing.
+	// Body files (files.go): their directory, the least size of a body
+	// the store has or had in a file since it was opened, and the IDs
+	// whose file an Apply is writing.
 	bodies    string
-	hasFiles  atomic.Bool
+	fileFloor fileFloor
 	writingMu sync.Mutex
 	writing   map[uint64]struct{}
 	// removals are the body files of deletes that wait for their sync
@@ -203,7 +202,7 @@ func (s *Store) open() error {
 	if s.w, err = openWriter(c); err != nil {
 		return err
 	}
-	s.w.hasFiles = &s.hasFiles
+	s.w.fileFloor = &s.fileFloor
 	if err := s.openFiles(); err != nil {
 		return err
 	}

@@ -5,7 +5,6 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"sync/atomic"
 
 	"github.com/mattn/go-sqlite3"
 
@@ -181,9 +180,10 @@ type writer struct {
 	args []driver.NamedValue
 
 	// gone collects, for the batch being run, the IDs whose body files
-	// its deletes made unreferenced (files.go); hasFiles is the store's.
-	gone     []uint64
-	hasFiles *atomic.Bool
+	// its deletes made unreferenced (files.go); fileFloor is the store's.
+	gone      []uint64
+	fileFloor *fileFloor
+	lookups   int // fileOf's look-ups in the database, for tests
 
 	// reads are the read statements on the writer's connection
 	// (Store.readPoint).
@@ -446,7 +446,7 @@ func (w *writer) apply(op *queuecore.Op, inFile bool) error {
 			return fmt.Errorf("update message %d: %w", m.ID, queuecore.ErrNotFound)
 		}
 	case queuecore.OpDelete:
-		file, err := w.fileOf(m.ID)
+		file, err := w.fileOf(m.ID, m.Size)
 		if err != nil {
 			return fmt.Errorf("delete message %d: %w", m.ID, err)
 		}
@@ -465,12 +465,16 @@ func (w *writer) apply(op *queuecore.Op, inFile bool) error {
 	return nil
 }
 
-// fileOf reports whether message id's body is in a file. A store that
-// never had one asks nothing.
-func (w *writer) fileOf(id uint64) (bool, error) {
-	if !w.hasFiles.Load() {
+// fileOf reports whether message id, whose body is size bytes (0 if not
+// known), has its body in a file. It asks the database only when the
+// store has held a body file of size bytes or fewer since it opened: an
+// ack of a small message in a store that also carries big ones costs no
+// look-up.
+func (w *writer) fileOf(id uint64, size int64) (bool, error) {
+	if !w.fileFloor.mayHold(size) {
 		return false, nil
 	}
+	w.lookups++
 	r := w.reads
 	r.args[0].Value = int64(id)
 	found, err := r.one(w.fileOfStmt, 1, r.dest[:1])
@@ -482,7 +486,7 @@ func (w *writer) fileOf(id uint64) (bool, error) {
 
 // queueFiles adds the body files of queue's messages to w.gone.
 func (w *writer) queueFiles(queue string) error {
-	if !w.hasFiles.Load() {
+	if !w.fileFloor.any() {
 		return nil
 	}
 	r := w.reads
