@@ -115,7 +115,7 @@ func (m *Message) SortKey() int64 {
 type OpKind uint8
 
 const (
-	OpInsert OpKind = 1 // a new message: Msg in full, with Body
+	OpInsert OpKind = 1 // a new message: Msg in full (Msg.Size is len(Body)), with Body
 	OpUpdate OpKind = 2 // replace the metadata of message Msg.ID (queue, name and state may change); the body stays
 	OpDelete OpKind = 3 // remove message Msg.ID and its body (Msg.Size: the body's size, 0 if not known)
 )

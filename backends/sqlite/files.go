@@ -214,8 +214,10 @@ func (s *Store) writeFiles(ops []queuecore.Op, inFile []bool) (written []uint64,
 		if !inFile[i] {
 			continue
 		}
-		// Before the commit: a delete must look for its file.
-		s.fileFloor.note(int64(len(ops[i].Body)))
+		// Before the commit: a delete must look for its file. A delete
+		// is told the row's size, which queuecore makes len(Body); the
+		// smaller of the two, should they ever differ.
+		s.fileFloor.note(min(int64(len(ops[i].Body)), max(ops[i].Msg.Size, 1)))
 		id := ops[i].Msg.ID
 		if err := s.claim(id); err != nil {
 			return written, err

@@ -449,6 +449,8 @@ func TestFileBodiesAckLookups(t *testing.T) {
 		{what: "size not told", insert: []queuecore.Op{fileOp(5, "q", 100)}, id: 5, size: 0, looks: 1},
 		{what: "at the floor", id: 3, size: 5000, looks: 1},
 		{what: "under the floor, whose file is gone", insert: []queuecore.Op{fileOp(6, "q", 6000), fileOp(7, "q", 4000)}, id: 7, size: 4000, looks: 0},
+		{what: "a smaller file lowers the floor", insert: []queuecore.Op{fileOp(9, "q", 4500), fileOp(10, "q", 4600)}, id: 10, size: 4600, looks: 1},
+		{what: "at the lower floor", id: 9, size: 4500, looks: 1},
 	}
 	for _, st := range steps {
 		if st.insert != nil {
