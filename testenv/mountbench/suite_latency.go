@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -39,6 +42,55 @@ type latencyRow struct {
 	P99US       float64 `json:"p99_us"`
 	P999US      float64 `json:"p99_9_us"`
 	MaxUS       float64 `json:"max_us"`
+	// StealPct is the share of the machine's CPU time the hypervisor took
+	// during the paced load (/proc/stat), which delays every thread.
+	StealPct float64 `json:"steal_pct"`
+}
+
+// reference is the system name of the plain-directory row run at the
+// pace of mount row l.
+func (l latencyRow) reference() string {
+	return sysPlainSyncClose + " (" + l.System + "'s pace)"
+}
+
+// cpuTimes reads the machine's CPU time (all states) and the part of it
+// stolen by the hypervisor, in clock ticks, from /proc/stat.
+func cpuTimes() (total, steal uint64) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	return parseCPUTimes(string(b))
+}
+
+// parseCPUTimes parses the "cpu" line of /proc/stat: user nice system idle
+// iowait irq softirq steal guest guest_nice. Guest time is counted in
+// user and nice already, so it is left out of the total.
+func parseCPUTimes(stat string) (total, steal uint64) {
+	line, _, _ := strings.Cut(stat, "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0, 0
+	}
+	for i, v := range f[1:min(len(f), 9)] {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return 0, 0
+		}
+		total += n
+		if i == 7 {
+			steal = n
+		}
+	}
+	return total, steal
+}
+
+// stealPct is the stolen share of the CPU time between two cpuTimes.
+func stealPct(total0, steal0, total1, steal1 uint64) float64 {
+	if total1 <= total0 || steal1 < steal0 {
+		return 0
+	}
+	return round1(100 * float64(steal1-steal0) / float64(total1-total0))
 }
 
 // quantileUS is the p-quantile of sorted s, in µs.
@@ -85,25 +137,53 @@ func (s *suite) runLatency(ctx context.Context) error {
 			return fmt.Errorf("%s: no peak rate", system)
 		}
 		paced := peakRate / 2
-		res, err := runPaced(ctx, q, "lat", c, paced, s.cfg.latencySeconds)
-		if err != nil {
+		mountRow := latencyRow{System: system, Clients: c, PeakRTPerS: peakRate, PacedRTPerS: round1(paced)}
+		if err := s.runPacedRows(ctx, q, mountRow); err != nil {
 			return fmt.Errorf("%s: paced load: %w", system, err)
-		}
-		for _, op := range []opKind{opPublish, opLease, opAck} {
-			l := slices.Clone(res.lat[op])
-			slices.Sort(l)
-			r := latencyRow{System: system, Op: op.String(), Clients: c, PeakRTPerS: peakRate, PacedRTPerS: round1(paced),
-				RTPerS: opsPerSec(res.roundTrips, res.wall), Seconds: round2(res.wall.Seconds()), Samples: len(l), Late: res.late,
-				P50US: quantileUS(l, 0.50), P99US: quantileUS(l, 0.99), P999US: quantileUS(l, 0.999), MaxUS: quantileUS(l, 1)}
-			s.res.Latency = append(s.res.Latency, r)
-			s.logf("%-24s %-7s at %.0f of %.0f round trips/s: p50 %.0f µs p99 %.0f µs p99.9 %.0f µs (%d samples, %d late)",
-				system, r.Op, r.RTPerS, r.PeakRTPerS, r.P50US, r.P99US, r.P999US, r.Samples, r.Late)
 		}
 		if err := d.stop(); err != nil {
 			return err
 		}
+		// The same pace on a plain directory of the same disk, each
+		// publish synced before its close: what the disk and the machine
+		// give a durable publish without the queue.
+		root := filepath.Join(s.b.work, "latency-plain-"+store)
+		pq := queueDirs{inbox: filepath.Join(root, "inbox"), processing: filepath.Join(root, "processing"), syncAtClose: true}
+		for _, dir := range []string{pq.inbox, pq.processing} {
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return err
+			}
+		}
+		ref := mountRow
+		ref.System = mountRow.reference()
+		if err := s.runPacedRows(ctx, pq, ref); err != nil {
+			return fmt.Errorf("%s: paced load: %w", ref.System, err)
+		}
 	}
-	s.note(fmt.Sprintf("latency under load: per store at --sync %s, a new daemon, %d clients, after a sync(2) (untimed) that writes back what earlier steps left dirty; the peak is %d round trips as fast as they go, then %s of round trips paced at half of it (each client on a fixed timetable, never skipping a slot), each operation timed on its own", goalSync, c, s.cfg.latencyPeak, s.cfg.latencySeconds))
+	s.note(fmt.Sprintf("latency under load: per store at --sync %s, a new daemon, %d clients, after a sync(2) (untimed) that writes back what earlier steps left dirty; the peak is %d round trips as fast as they go, then %s of round trips paced at half of it (each client on a fixed timetable, never skipping a slot), each operation timed on its own; then the same pace on a plain directory of the same disk whose publish fdatasyncs the file before close(2) (what --sync full promises; its lease and ack sync nothing, as the mount's): the disk's and the machine's own tail; CPU steal is the hypervisor's share of the machine's CPU time during each paced load (/proc/stat)", goalSync, c, s.cfg.latencyPeak, s.cfg.latencySeconds))
+	return nil
+}
+
+// runPacedRows runs the paced load at row's pace on q and adds a row per
+// operation, from row's system, clients and rates.
+func (s *suite) runPacedRows(ctx context.Context, q queueDirs, row latencyRow) error {
+	total0, steal0 := cpuTimes()
+	res, err := runPaced(ctx, q, "lat", row.Clients, row.PacedRTPerS, s.cfg.latencySeconds)
+	if err != nil {
+		return err
+	}
+	total1, steal1 := cpuTimes()
+	for _, op := range []opKind{opPublish, opLease, opAck} {
+		l := slices.Clone(res.lat[op])
+		slices.Sort(l)
+		r := row
+		r.Op, r.RTPerS, r.Seconds, r.Samples, r.Late = op.String(), opsPerSec(res.roundTrips, res.wall), round2(res.wall.Seconds()), len(l), res.late
+		r.P50US, r.P99US, r.P999US, r.MaxUS = quantileUS(l, 0.50), quantileUS(l, 0.99), quantileUS(l, 0.999), quantileUS(l, 1)
+		r.StealPct = stealPct(total0, steal0, total1, steal1)
+		s.res.Latency = append(s.res.Latency, r)
+		s.logf("%-24s %-7s at %.0f of %.0f round trips/s: p50 %.0f µs p99 %.0f µs p99.9 %.0f µs (%d samples, %d late, %.0f%% CPU stolen)",
+			r.System, r.Op, r.RTPerS, r.PeakRTPerS, r.P50US, r.P99US, r.P999US, r.Samples, r.Late, r.StealPct)
+	}
 	return nil
 }
 

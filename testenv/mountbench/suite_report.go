@@ -72,11 +72,11 @@ func (r *suiteResults) report(w io.Writer) {
 	}
 	if len(r.Latency) > 0 {
 		fmt.Fprintln(w, "\n## Latency at half of peak throughput (round trips paced on a timetable; each operation timed on its own)")
-		fmt.Fprintln(w, "\n| system | clients | op | peak round trips/s | paced at | achieved | samples | late starts | p50 µs | p99 µs | p99.9 µs | max µs |")
-		fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|")
+		fmt.Fprintln(w, "\n| system | clients | op | peak round trips/s | paced at | achieved | samples | late starts | p50 µs | p99 µs | p99.9 µs | max µs | CPU steal |")
+		fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 		for _, x := range r.Latency {
-			fmt.Fprintf(w, "| %s | %d | %s | %.0f | %.0f | %.0f | %d | %d | %.0f | %.0f | %.0f | %.0f |\n", x.System, x.Clients, x.Op,
-				x.PeakRTPerS, x.PacedRTPerS, x.RTPerS, x.Samples, x.Late, x.P50US, x.P99US, x.P999US, x.MaxUS)
+			fmt.Fprintf(w, "| %s | %d | %s | %.0f | %.0f | %.0f | %d | %d | %.0f | %.0f | %.0f | %.0f | %.0f%% |\n", x.System, x.Clients, x.Op,
+				x.PeakRTPerS, x.PacedRTPerS, x.RTPerS, x.Samples, x.Late, x.P50US, x.P99US, x.P999US, x.MaxUS, x.StealPct)
 		}
 	}
 	if len(r.Wake) > 0 {

@@ -14,9 +14,12 @@ import (
 const (
 	sysPlain      = "plain dir"
 	sysPlainFsync = "plain dir + fsync"
-	sysLoopback   = "go-fuse loopback"
-	sysGoqite     = "goqite-style"
-	sysMQueue     = "POSIX mqueue"
+	// sysPlainSyncClose is the latency step's reference: a publish that
+	// fdatasyncs its file before close, at a store's paced rate.
+	sysPlainSyncClose = "plain dir, fdatasync at close"
+	sysLoopback       = "go-fuse loopback"
+	sysGoqite         = "goqite-style"
+	sysMQueue         = "POSIX mqueue"
 )
 
 func sysMount(store, sync string) string { return "mount " + store + "/" + sync }
@@ -390,8 +393,18 @@ func (r *suiteResults) computeGoals() []goal {
 			if ok {
 				note = fmt.Sprintf("%d clients at %.0f of %.0f round trips/s, %d samples", l.Clients, l.RTPerS, l.PeakRTPerS, l.Samples)
 			}
-			add(fmt.Sprintf("%s %s p99 at half of peak", m, op), l.P99US/1000, ok, "ms", "<", 2, note)
-			add(fmt.Sprintf("%s %s p99.9 at half of peak", m, op), l.P999US/1000, ok, "ms", "<", 10, note)
+			note99, note999 := note, note
+			if ok {
+				note99 += fmt.Sprintf(", CPU steal %.0f%%", l.StealPct)
+				note999 = note99
+				if p, okP := r.findLatency(l.reference(), op); okP && op == "publish" {
+					// The disk's own tail for a durable publish at this pace.
+					note99 += fmt.Sprintf("; a plain directory, fdatasync at close, same pace: %.2f ms", p.P99US/1000)
+					note999 += fmt.Sprintf("; a plain directory, fdatasync at close, same pace: %.2f ms", p.P999US/1000)
+				}
+			}
+			add(fmt.Sprintf("%s %s p99 at half of peak", m, op), l.P99US/1000, ok, "ms", "<", 2, note99)
+			add(fmt.Sprintf("%s %s p99.9 at half of peak", m, op), l.P999US/1000, ok, "ms", "<", 10, note999)
 		}
 	}
 	for _, store := range []string{"sqlite", "fs"} {

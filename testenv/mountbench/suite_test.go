@@ -50,7 +50,9 @@ func sampleResults() *suiteResults {
 			{System: sf, Op: "read", Clients: 4, MiBPerSec: 900},
 		},
 		Latency: []latencyRow{
-			{System: ff, Op: "ack", Clients: 4, PeakRTPerS: 800, RTPerS: 400, Samples: 2000, P99US: 1500, P999US: 12000},
+			{System: ff, Op: "ack", Clients: 4, PeakRTPerS: 800, RTPerS: 400, Samples: 2000, P99US: 1500, P999US: 12000, StealPct: 7},
+			{System: ff, Op: "publish", Clients: 4, PeakRTPerS: 800, RTPerS: 400, Samples: 2000, P99US: 3000, P999US: 9000, StealPct: 7},
+			{System: latencyRow{System: ff}.reference(), Op: "publish", Clients: 4, PeakRTPerS: 800, RTPerS: 400, Samples: 2000, P99US: 2500, P999US: 6000, StealPct: 3},
 		},
 		Wake: []wakeRow{
 			{System: sn, Samples: 100, P50US: 600, P99US: 6000},
@@ -152,6 +154,20 @@ func TestComputeGoals(t *testing.T) {
 	}
 	if g := byName[ff+" ack p99.9 at half of peak"]; !strings.Contains(g.Note, "at 400 of 800 round trips/s, 2000 samples") {
 		t.Errorf("latency goal's note %q should say the load and the samples", g.Note)
+	}
+	// The publish goals' notes carry the plain directory's tail at the
+	// same pace, and every latency goal the CPU the machine lost.
+	if g := byName[ff+" publish p99 at half of peak"]; !strings.Contains(g.Note, "CPU steal 7%; a plain directory, fdatasync at close, same pace: 2.50 ms") {
+		t.Errorf("publish p99 goal's note %q should give the steal and the plain directory's p99", g.Note)
+	}
+	if g := byName[ff+" publish p99.9 at half of peak"]; !strings.Contains(g.Note, "same pace: 6.00 ms") {
+		t.Errorf("publish p99.9 goal's note %q should give the plain directory's p99.9", g.Note)
+	}
+	if g := byName[ff+" ack p99 at half of peak"]; !strings.Contains(g.Note, "CPU steal 7%") || strings.Contains(g.Note, "plain directory") {
+		t.Errorf("ack p99 goal's note %q should give the steal and no plain directory (its ack syncs nothing)", g.Note)
+	}
+	if _, ok := byName[latencyRow{System: ff}.reference()+" publish p99 at half of peak"]; ok {
+		t.Error("the plain directory's reference row became a goal")
 	}
 	if g := byName["daemon RSS with 100k ready"]; !strings.Contains(g.Note, "not 1M") {
 		t.Errorf("the scale goal's note %q should say it did not run with 1M", g.Note)
@@ -314,6 +330,12 @@ func TestPacedAndBigOnPlainDir(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The latency step's reference: the publish syncs its file.
+	synced := q
+	synced.syncAtClose = true
+	if sres, err := runPaced(context.Background(), synced, "s", 2, 100, 200*time.Millisecond); err != nil || sres.roundTrips == 0 {
+		t.Fatalf("paced load with a sync at close: %d round trips, %v", sres.roundTrips, err)
+	}
 	if res.roundTrips == 0 {
 		t.Fatal("no round trip ran")
 	}
@@ -351,6 +373,35 @@ func TestPacedAndBigOnPlainDir(t *testing.T) {
 	}
 	if err := readBack(name, make([]byte, len(body)), body); err == nil {
 		t.Error("a longer file read back without an error")
+	}
+}
+
+// TestParseCPUTimes: the total leaves guest time out (it is in user and
+// nice already), and steal is the eighth field.
+func TestParseCPUTimes(t *testing.T) {
+	for _, tc := range []struct {
+		stat         string
+		total, steal uint64
+	}{
+		{"cpu  100 2 30 800 5 1 2 60 40 0\ncpu0 50 1 15 400 2 0 1 30 20 0\n", 1000, 60},
+		{"cpu  100 2 30 800 5 1 2 60\n", 1000, 60},
+		{"cpu  100 2 30 800 5 1 2\n", 0, 0}, // no steal field: not counted
+		{"cpu0 100 2 30 800 5 1 2 60\n", 0, 0},
+		{"cpu  100 x 30 800 5 1 2 60\n", 0, 0},
+		{"", 0, 0},
+	} {
+		if total, steal := parseCPUTimes(tc.stat); total != tc.total || steal != tc.steal {
+			t.Errorf("parseCPUTimes(%q) = %d, %d; want %d, %d", tc.stat, total, steal, tc.total, tc.steal)
+		}
+	}
+	if got := stealPct(1000, 60, 2000, 110); got != 5 {
+		t.Errorf("stealPct = %v, want 5", got)
+	}
+	if got := stealPct(1000, 60, 1000, 60); got != 0 {
+		t.Errorf("stealPct over no time = %v, want 0", got)
+	}
+	if total, _ := cpuTimes(); total == 0 {
+		t.Error("cpuTimes read nothing from /proc/stat")
 	}
 }
 

@@ -29,6 +29,10 @@ type queueDirs struct {
 	// writer does: create and write tmp/NAME, fsync it, rename it into
 	// inbox/, fsync inbox/.
 	tmp string
+	// syncAtClose makes a plain-directory publish fdatasync its file
+	// before close(2), and nothing else: what --sync full promises a
+	// publisher (leases and acks sync nothing). Never set for a mount.
+	syncAtClose bool
 }
 
 // opKind is one of the three message operations.
@@ -165,6 +169,9 @@ func (q queueDirs) do(op opKind, name string, body []byte, inboxFD, procFD int) 
 		if q.tmp != "" {
 			return publishMaildir(filepath.Join(q.tmp, name), filepath.Join(q.inbox, name), body, inboxFD)
 		}
+		if q.syncAtClose {
+			return publishSyncAtClose(filepath.Join(q.inbox, name), body)
+		}
 		return publish(filepath.Join(q.inbox, name), body, q.durable, inboxFD)
 	case opLease:
 		err := unix.Rename(filepath.Join(q.inbox, name), filepath.Join(q.processing, name))
@@ -211,6 +218,26 @@ func publishMaildir(tmpPath, path string, body []byte, dirFD int) error {
 // publish is what a C producer does: open(O_CREAT|O_EXCL), one write,
 // close. Raw system calls, not os.File: the Go runtime would register the
 // descriptor with epoll, which sends FUSE a POLL no C program causes.
+// publishSyncAtClose creates, writes and fdatasyncs path, then closes it.
+// (On ext4 the sync of a new file also writes its directory entry.)
+func publishSyncAtClose(path string, body []byte) error {
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		return err
+	}
+	n, err := unix.Write(fd, body)
+	if err == nil && n != len(body) {
+		err = fmt.Errorf("short write: %d of %d bytes", n, len(body))
+	}
+	if err == nil {
+		err = unix.Fdatasync(fd)
+	}
+	if cerr := unix.Close(fd); err == nil {
+		err = cerr
+	}
+	return err
+}
+
 func publish(path string, body []byte, durable bool, dirFD int) error {
 	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o644)
 	if err != nil {
