@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -195,7 +196,14 @@ func TestForbiddenOperations(t *testing.T) {
 			{`echo x > dlq/new`, "Operation not permitted"},
 			{`echo x > newfile`, "Operation not permitted"},
 			{`mv inbox/m inbox/.renamed`, "Operation not permitted"},
-			{`mv inbox/m inbox/leased`, "File exists"},
+			// rename(2) onto a name that is live elsewhere in the queue is
+			// EEXIST, yet the name is not in inbox/: GNU mv (9.1) then
+			// reads its stat buffer of the target though lstat failed, and
+			// says either "File exists" or, by what the buffer held,
+			// "cannot overwrite directory". The syscall itself is checked
+			// below it.
+			{`mv inbox/m inbox/leased`, "File exists|cannot overwrite directory"},
+			{`python3 -c 'import os; os.rename("inbox/m", "inbox/leased")'`, "FileExistsError"},
 			{`mv processing/leased processing/renamed`, "Operation not permitted"},
 			{`mv inbox/m archive/`, "Operation not permitted"},
 			{`mv inbox/m delayed/`, "Operation not permitted"},
@@ -214,7 +222,7 @@ func TestForbiddenOperations(t *testing.T) {
 		}
 		for _, c := range cases {
 			r := testenv.Sh(t, q, c.script)
-			if r.Code == 0 || !strings.Contains(r.Stderr, c.want) {
+			if r.Code == 0 || !slices.ContainsFunc(strings.Split(c.want, "|"), func(w string) bool { return strings.Contains(r.Stderr, w) }) {
 				t.Errorf("%s: exit %d, %q; want an error with %q", c.script, r.Code, strings.TrimSpace(r.Stderr), c.want)
 			}
 		}
