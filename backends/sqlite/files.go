@@ -217,7 +217,7 @@ func (s *Store) writeFiles(ops []queuecore.Op, inFile []bool) (written []uint64,
 		// Before the commit: a delete must look for its file. A delete
 		// is told the row's size, which queuecore makes len(Body); the
 		// smaller of the two, should they ever differ.
-		s.fileFloor.note(min(int64(len(ops[i].Body)), max(ops[i].Msg.Size, 1)))
+		s.fileFloor.note(min(int64(len(ops[i].Body)), ops[i].Msg.Size))
 		id := ops[i].Msg.ID
 		if err := s.claim(id); err != nil {
 			return written, err
@@ -427,7 +427,6 @@ func (s *Store) openFiles() error {
 		return fmt.Errorf("sync the WAL before removing body files: %w", err)
 	}
 	removed := 0
-	var whole []int64 // the sizes of the files found whole
 	for _, e := range ents {
 		id, err := strconv.ParseUint(e.Name(), 10, 64)
 		if err != nil || strconv.FormatUint(id, 10) != e.Name() || !e.Type().IsRegular() {
@@ -437,7 +436,7 @@ func (s *Store) openFiles() error {
 		if size, ok := named[id]; ok {
 			if fi, err := e.Info(); err == nil && fi.Size() == size {
 				named[id] = -1
-				whole = append(whole, size)
+				s.fileFloor.note(size)
 			}
 			continue
 		}
@@ -454,9 +453,6 @@ func (s *Store) openFiles() error {
 		if size >= 0 {
 			lost = append(lost, id)
 		}
-	}
-	for _, size := range whole {
-		s.fileFloor.note(size)
 	}
 	for _, id := range lost {
 		// See the top of this file: an ack undone by a power cut after
@@ -478,7 +474,8 @@ func (s *Store) openFiles() error {
 // store that never had a file looks for none.
 type fileFloor struct{ least atomic.Int64 } // 0: no file yet
 
-// note records a body of size bytes in a file.
+// note records a body of size bytes in a file (0 or less: of a size not
+// known, so every delete looks).
 func (f *fileFloor) note(size int64) {
 	size = max(size, 1) // 0 means none
 	for {

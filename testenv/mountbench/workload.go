@@ -170,7 +170,7 @@ func (q queueDirs) do(op opKind, name string, body []byte, inboxFD, procFD int) 
 			return publishMaildir(filepath.Join(q.tmp, name), filepath.Join(q.inbox, name), body, inboxFD)
 		}
 		if q.syncAtClose {
-			return publishSyncAtClose(filepath.Join(q.inbox, name), body)
+			return publish(filepath.Join(q.inbox, name), body, true, -1)
 		}
 		return publish(filepath.Join(q.inbox, name), body, q.durable, inboxFD)
 	case opLease:
@@ -218,26 +218,9 @@ func publishMaildir(tmpPath, path string, body []byte, dirFD int) error {
 // publish is what a C producer does: open(O_CREAT|O_EXCL), one write,
 // close. Raw system calls, not os.File: the Go runtime would register the
 // descriptor with epoll, which sends FUSE a POLL no C program causes.
-// publishSyncAtClose creates, writes and fdatasyncs path, then closes it.
-// (On ext4 the sync of a new file also writes its directory entry.)
-func publishSyncAtClose(path string, body []byte) error {
-	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o644)
-	if err != nil {
-		return err
-	}
-	n, err := unix.Write(fd, body)
-	if err == nil && n != len(body) {
-		err = fmt.Errorf("short write: %d of %d bytes", n, len(body))
-	}
-	if err == nil {
-		err = unix.Fdatasync(fd)
-	}
-	if cerr := unix.Close(fd); err == nil {
-		err = cerr
-	}
-	return err
-}
-
+// durable fdatasyncs the file before close(2), then fsyncs dirFD unless
+// it is negative (on ext4 the sync of a new file also writes its
+// directory entry).
 func publish(path string, body []byte, durable bool, dirFD int) error {
 	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o644)
 	if err != nil {
@@ -253,7 +236,7 @@ func publish(path string, body []byte, durable bool, dirFD int) error {
 	if cerr := unix.Close(fd); err == nil {
 		err = cerr // a commit error comes back from close(2)
 	}
-	if err == nil && durable {
+	if err == nil && durable && dirFD >= 0 {
 		err = unix.Fsync(dirFD)
 	}
 	return err
