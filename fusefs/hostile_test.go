@@ -765,9 +765,16 @@ func checkNothingOutside(t *testing.T, d *testenv.Daemon) {
 	}
 	for _, n := range top {
 		switch n {
-		case "LOCK", "snapshot", "journal", "journal.old", "queues", "trash", "lost+found", queuecore.ReserveName:
+		case "LOCK", "snapshot", "journal", "journal.old", "queues", "trash", "lost+found", queuecore.ReserveName, "staged":
 		default:
 			t.Errorf("fs store holds %q", n)
+		}
+	}
+	// Big bodies staged before their commit, named by message ID, and
+	// nothing else.
+	for _, n := range ls(t, filepath.Join(d.Store, "staged")) {
+		if _, err := strconv.ParseUint(n, 10, 64); err != nil {
+			t.Errorf("fs store holds staged/%q", n)
 		}
 	}
 	for _, q := range ls(t, filepath.Join(d.Store, "queues")) {

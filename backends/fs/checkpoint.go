@@ -145,6 +145,7 @@ func (s *Store) doCheckpoint(old *journal, img *snapshotImage) (count int, size 
 			return 0, 0, err
 		}
 	}
+	s.unlinkPlaced(old.end())
 	return img.count, size, nil
 }
 

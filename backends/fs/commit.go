@@ -21,31 +21,56 @@ func (s *Store) Apply(ctx context.Context, ops []queuecore.Op) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	// Big bodies are written and synced before the lock (staged.go), so
+	// that commits of other messages do not wait for them.
+	var staged []*stagedBody
+	if s.stages(ops) {
+		s.mu.RLock()
+		err := s.writableLocked()
+		if err == nil {
+			s.inflight.Add(1) // Close waits for this commit from here
+		}
+		s.mu.RUnlock()
+		if err != nil {
+			return err
+		}
+		defer s.inflight.Done()
+		if staged, err = s.stageBodies(ops); err != nil {
+			return err
+		}
+	}
 	s.mu.Lock()
 	if err := s.writableLocked(); err != nil {
 		s.mu.Unlock()
+		s.unstage(ops, staged)
 		return err
 	}
 	changes, err := s.ix.applyOps(ops)
 	if err != nil {
 		s.mu.Unlock()
+		s.unstage(ops, staged)
 		return err
 	}
-	frame, bodyAt := encodeApplyRecord(s.lsn+1, ops)
+	frame, bodyAt := encodeApplyRecord(s.lsn+1, ops, staged)
 	if len(frame)-frameHeaderLen > maxPayload {
 		s.ix.undo(changes)
 		s.mu.Unlock()
+		s.unstage(ops, staged)
 		return fmt.Errorf("batch of %d bytes: %w", len(frame), queuecore.ErrTooLarge)
 	}
 	end, err := s.appendLocked(frame)
 	if err != nil {
 		s.ix.undo(changes)
 		s.mu.Unlock()
+		s.unstage(ops, staged)
 		return err
 	}
 	s.lsn++
 	s.ix.noteIDs(changes)
-	fileOps := s.fileOpsFor(changes, ops, frame, bodyAt)
+	// A staged body counts towards the next checkpoint as if it were in
+	// the journal: its staged name stays until a checkpoint ends.
+	s.sinceCkpt += stagedBytes(staged)
+	fileOps := s.fileOpsFor(changes, ops, frame, bodyAt, staged)
 	s.ix.trimSpills(changes)
 	if !queuecore.WaitsFor(s.opts.Sync, ops) && s.opts.Sync == queuecore.SyncFull {
 		return s.commitLazyLocked(end, fileOps)
@@ -245,7 +270,7 @@ func (s *Store) waitDurable(pos int64) error {
 	// target.
 	target := s.written.Load()
 	j := s.cur.Load()
-	if err := s.syncRotationLocked(j); err != nil {
+	if err := s.syncRotationLocked(j); err != nil { // and DIR/staged first
 		return err
 	}
 	if err := s.syncedOrFail(s.fdatasync(j.f), "fdatasync journal"); err != nil {
@@ -271,7 +296,15 @@ func (s *Store) syncRotation() error {
 // if j is the journal it started: the old journal's tail, then the
 // directory, which holds the names journal.old and journal. syncMu is
 // held.
+//
+// Before any sync of a journal, DIR/staged is synced if a body was
+// staged since it last was (syncStagedLocked): every record a journal
+// sync makes durable must find its staged body's name durable too, and
+// the checkpoint syncs the old journal here, not in waitDurable.
 func (s *Store) syncRotationLocked(j *journal) error {
+	if err := s.syncStagedLocked(); err != nil {
+		return err
+	}
 	p := j.prev
 	if p == nil {
 		return nil

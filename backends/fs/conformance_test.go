@@ -51,3 +51,19 @@ func TestConformanceTinySpill(t *testing.T) {
 func TestCrashTinySpill(t *testing.T) {
 	backendtest.RunCrash(t, openTinySpill)
 }
+
+// openStageAll opens a store that stages every body of a byte or more
+// (staged.go) and checkpoints after about every commit, so that the suites
+// run with bodies placed from DIR/staged, across journal rotations (in
+// SyncFull and SyncStrict; the other modes do not stage).
+func openStageAll(ctx context.Context, dir string, sync queuecore.SyncMode) (queuecore.Store, error) {
+	return open(ctx, dir, backends.Options{Sync: sync}, config{checkpointBytes: 1, stageAt: 1})
+}
+
+func TestConformanceStageAll(t *testing.T) {
+	backendtest.Run(t, openStageAll)
+}
+
+func TestCrashStageAll(t *testing.T) {
+	backendtest.RunCrash(t, openStageAll)
+}

@@ -14,6 +14,11 @@
 //	DIR/journal                   committed batches since that checkpoint
 //	DIR/journal.old               the journal being checkpointed (only while a
 //	                              checkpoint runs, or after a crash during one)
+//	DIR/staged/ID                 a big body written and synced before the
+//	                              record of its commit (in SyncFull and
+//	                              SyncStrict, see Staged bodies below); a second
+//	                              link to the body file until a snapshot holds
+//	                              that record
 //	DIR/trash/                    queue directories being removed after a
 //	                              DeleteQueue (emptied in the background and at Open)
 //	DIR/lost+found/               files found at Open that no metadata
@@ -78,6 +83,22 @@
 // their bodies in the journal and in memory, and a checkpoint that cannot
 // write its snapshot is held; both are retried by later commits and by
 // Reclaim (space.go), so the store comes back without a restart.
+//
+// # Staged bodies
+//
+// In SyncFull and SyncStrict a body of Tuning.StageAt bytes or more
+// (256 KiB by default) does not go through the journal: Apply writes it to
+// DIR/staged/ID and fsyncs it before it takes the mutex, and every sync of
+// a journal is preceded by one of DIR/staged, so no commit returns before
+// its staged file's name is durable. The record holds the body's size and
+// CRC-32C instead of its bytes; its file operation links the staged file
+// where the message is. The staged name is kept as the journal keeps a
+// small body: until a snapshot holds the record, so Open finds the body of
+// every record it replays. A replayed record whose staged body is not
+// there was made durable by a sync that had not synced its name: it and
+// every record after it are a torn tail (no commit among them returned).
+// A big body so reaches the disk once, in the commit that waits for it,
+// instead of twice. See staged.go.
 //
 // # Checkpoints
 //
@@ -158,7 +179,9 @@
 // wrong path (a rename the crash cut off) is moved where its metadata says
 // (the ID xattr tells whose a file is; without xattrs, the paths the
 // journal gave its message), a body missing or damaged on disk is written
-// from its journal record, a file that holds a deleted message's body is
+// from its journal record (a staged one linked from DIR/staged, checked
+// by size and CRC; DIR/staged is emptied once the open's checkpoint has
+// synced that), a file that holds a deleted message's body is
 // removed, and files nothing explains go to lost+found. Only paths the
 // replayed journal touched are checked closely: the others are as the last
 // checkpoint synced them. A message whose

@@ -26,6 +26,7 @@ const (
 	opRemove                        // unlink from
 	opMkQueue                       // create queue to's directories
 	opRmQueue                       // move queue from's tree to the trash (id is the record's lsn)
+	opPlace                         // link a staged body from DIR/staged at to (staged.go)
 )
 
 // fileOp is one change to the tree, derived from a committed record.
@@ -50,11 +51,13 @@ type pendingBody struct {
 
 // fileOpsFor derives the file operations of a committed batch and notes,
 // under mu, which messages have some pending.
-func (s *Store) fileOpsFor(changes []change, ops []queuecore.Op, frame []byte, bodyAt []int) []fileOp {
+func (s *Store) fileOpsFor(changes []change, ops []queuecore.Op, frame []byte, bodyAt []int, staged []*stagedBody) []fileOp {
 	var out []fileOp
 	for i, c := range changes {
 		var op fileOp
 		switch {
+		case c.old == nil && staged != nil && staged[i] != nil:
+			op = fileOp{kind: opPlace, id: c.new.id, from: s.stagedPath(c.new.id), to: s.entryPath(c.new)}
 		case c.old == nil:
 			n := len(ops[i].Body)
 			pb := &pendingBody{data: frame[bodyAt[i] : bodyAt[i]+n : bodyAt[i]+n]}
@@ -75,7 +78,9 @@ func (s *Store) fileOpsFor(changes []change, ops []queuecore.Op, frame []byte, b
 }
 
 // isMessageOp reports whether op.id is a message's ID (opRmQueue's is an lsn).
-func isMessageOp(k fileOpKind) bool { return k == opWrite || k == opRename || k == opRemove }
+func isMessageOp(k fileOpKind) bool {
+	return k == opWrite || k == opRename || k == opRemove || k == opPlace
+}
 
 // runFileOps does the file operations of every durable pending record, in
 // journal order, unless someone else already did them up to pos. A failed
@@ -118,6 +123,9 @@ func (s *Store) runFileOps(pos int64) {
 					stalled = append([]pendingRecord{{end: recs[i].end, ops: recs[i].ops[j:]}}, recs[i+1:]...)
 				}
 				break
+			}
+			if op.kind == opPlace {
+				s.placed = append(s.placed, placedBody{path: op.from, end: recs[i].end})
 			}
 			done = append(done, op)
 		}
@@ -178,6 +186,21 @@ func (s *Store) doFileOp(op *fileOp) error {
 			s.dirty.moved(op.from, op.to, op.id)
 		}
 		return err
+	case opPlace:
+		// The file is synced already: only the target directory's entry
+		// is for the checkpoint to sync. The staged name stays until a
+		// snapshot holds the record (staged.go), as a journal keeps a
+		// body, so the message counts as written now (freshAfter).
+		// runFileOps notes it in s.placed.
+		s.dirty.dir(filepath.Dir(op.to))
+		s.dirty.wrote(op.id)
+		err := linkMkdir(op.from, op.to)
+		if errors.Is(err, os.ErrNotExist) {
+			// Only a hand in DIR/staged gets here: the body is gone.
+			s.log.Error("staged body to place is missing", logID, op.id, logPath, op.from)
+			return nil
+		}
+		return err
 	case opRemove:
 		s.dirty.dir(filepath.Dir(op.from))
 		s.dirty.removed(op.from)
@@ -209,6 +232,34 @@ func renameMkdir(from, to string) error {
 	}
 	if err != nil {
 		return &os.LinkError{Op: "rename", Old: from, New: to, Err: err}
+	}
+	return nil
+}
+
+// linkMkdir links a second name to a file, creating the target's
+// directory if it is missing. A file already at to (which no message
+// has: the index said the name was free, and the operations before this
+// one are done) is replaced, through a temp name and a rename.
+func linkMkdir(from, to string) error {
+	err := unix.Link(from, to)
+	if err == unix.ENOENT {
+		if _, serr := os.Lstat(from); serr == nil {
+			if err = os.MkdirAll(filepath.Dir(to), 0o700); err == nil {
+				err = unix.Link(from, to)
+			}
+		}
+	}
+	if err == unix.EEXIST {
+		tmp := filepath.Dir(to) + "/" + tempPrefix + "p" + filepath.Base(from)
+		_ = unix.Unlink(tmp)
+		if err = unix.Link(from, tmp); err == nil {
+			if err = unix.Rename(tmp, to); err != nil {
+				_ = unix.Unlink(tmp)
+			}
+		}
+	}
+	if err != nil {
+		return &os.LinkError{Op: "link", Old: from, New: to, Err: err}
 	}
 	return nil
 }

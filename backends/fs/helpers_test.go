@@ -54,6 +54,9 @@ func openTest(t testing.TB, dir string, sync queuecore.SyncMode, cfg config, log
 	if cfg.checkpointBytes == 0 {
 		cfg.checkpointBytes = defaultCheckpointBytes
 	}
+	if cfg.stageAt == 0 {
+		cfg.stageAt = defaultStageAt
+	}
 	s, err := open(context.Background(), dir, opts, cfg)
 	if err != nil {
 		t.Fatalf("open %s: %v", dir, err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"math"
 	"os"
 	"strconv"
 
@@ -124,11 +125,17 @@ func parseFrameHeader(h []byte) (n int, crc uint32, ok bool) {
 
 // encodeApplyRecord frames a batch. bodyAt[i] is where op i's body starts
 // in the frame (inserts only), so that the in-memory copy of a body whose
-// file is not written yet can share the frame's bytes.
-func encodeApplyRecord(lsn uint64, ops []queuecore.Op) (frame []byte, bodyAt []int) {
+// file is not written yet can share the frame's bytes. An insert whose
+// staged[i] is set has its body in DIR/staged: the record gives its size
+// and CRC-32C ("file", "crc") instead of its bytes ("body").
+func encodeApplyRecord(lsn uint64, ops []queuecore.Op, staged []*stagedBody) (frame []byte, bodyAt []int) {
+	isStaged := func(i int) bool { return staged != nil && staged[i] != nil }
 	hint := 32
 	for i := range ops {
-		hint += 200 + len(ops[i].Msg.Name) + len(ops[i].Msg.Consumer) + len(ops[i].Msg.ReasonMessage) + len(ops[i].Body)
+		hint += 200 + len(ops[i].Msg.Name) + len(ops[i].Msg.Consumer) + len(ops[i].Msg.ReasonMessage)
+		if !isStaged(i) {
+			hint += len(ops[i].Body)
+		}
 	}
 	b := newFrame(hint)
 	b = append(b, `{"lsn":`...)
@@ -141,8 +148,15 @@ func encodeApplyRecord(lsn uint64, ops []queuecore.Op) (frame []byte, bodyAt []i
 		}
 		switch op.Kind {
 		case queuecore.OpInsert:
-			b = append(b, `{"op":"insert","body":`...)
-			b = strconv.AppendInt(b, int64(len(op.Body)), 10)
+			if isStaged(i) {
+				b = append(b, `{"op":"insert","file":`...)
+				b = strconv.AppendInt(b, int64(staged[i].n), 10)
+				b = append(b, `,"crc":`...)
+				b = strconv.AppendUint(b, uint64(staged[i].crc), 10)
+			} else {
+				b = append(b, `{"op":"insert","body":`...)
+				b = strconv.AppendInt(b, int64(len(op.Body)), 10)
+			}
 			b = append(b, `,"msg":`...)
 			b = appendMessageJSON(b, &op.Msg)
 		case queuecore.OpUpdate:
@@ -157,7 +171,7 @@ func encodeApplyRecord(lsn uint64, ops []queuecore.Op) (frame []byte, bodyAt []i
 	b = append(b, "]}\n"...)
 	bodyAt = make([]int, len(ops))
 	for i := range ops {
-		if ops[i].Kind == queuecore.OpInsert {
+		if ops[i].Kind == queuecore.OpInsert && !isStaged(i) {
 			bodyAt[i] = len(b)
 			b = append(b, ops[i].Body...)
 		}
@@ -190,6 +204,7 @@ type record struct {
 	lsn         uint64
 	ops         []queuecore.Op // bodies point into the payload
 	bodyAt      []int          // offset of op i's body in the payload
+	staged      []*stagedBody  // op i's staged body, if its body is in DIR/staged (nil if none is)
 	putQueue    *queuecore.QueueInfo
 	deleteQueue string
 }
@@ -218,6 +233,8 @@ func decodeRecord(payload []byte) (*record, error) {
 			err = r.array(func() error {
 				var op queuecore.Op
 				n := -1
+				var sb *stagedBody
+				hasCRC := false
 				err := r.object(func(key []byte) error {
 					var err error
 					switch string(key) {
@@ -238,6 +255,20 @@ func decodeRecord(payload []byte) (*record, error) {
 						var v uint64
 						v, err = r.uint(maxPayload)
 						n = int(v)
+					case "file":
+						var v uint64
+						v, err = r.uint(math.MaxInt) // a body's size is an int here
+						if sb == nil {
+							sb = &stagedBody{}
+						}
+						sb.n = int(v)
+					case "crc":
+						var v uint64
+						v, err = r.uint(1<<32 - 1)
+						if sb == nil {
+							sb = &stagedBody{}
+						}
+						sb.crc, hasCRC = uint32(v), true
 					case "msg":
 						op.Msg, err = decodeMessageJSON(r)
 					case "id":
@@ -250,8 +281,19 @@ func decodeRecord(payload []byte) (*record, error) {
 				if err != nil {
 					return err
 				}
-				if op.Kind == 0 || (op.Kind == queuecore.OpInsert) != (n >= 0) {
+				if sb != nil {
+					// A staged body: the record has its size and CRC, not its bytes.
+					if op.Kind != queuecore.OpInsert || n >= 0 || !hasCRC {
+						return fmt.Errorf("%w: a staged body outside an insert, or without its crc", errBadRecord)
+					}
+					if rec.staged == nil {
+						rec.staged = make([]*stagedBody, len(rec.ops), len(rec.ops)+1)
+					}
+				} else if op.Kind == 0 || (op.Kind == queuecore.OpInsert) != (n >= 0) {
 					return fmt.Errorf("%w: op without kind or body", errBadRecord)
+				}
+				if rec.staged != nil {
+					rec.staged = append(rec.staged, sb)
 				}
 				rec.ops = append(rec.ops, op)
 				bodyLen = append(bodyLen, n)

@@ -241,6 +241,33 @@ func (r *reconciler) check(e *entry, p string) (ok bool, err error) {
 	if !has {
 		return true, nil
 	}
+	if ref.staged != nil {
+		// A staged body was synced whole before its record and linked
+		// into place: with its ID xattr its size is checked, not its bytes
+		// (an open after a crash would read every big body the journal
+		// names).
+		r.s.dirty.dir(filepath.Dir(p)) // the open's checkpoint makes it durable before DIR/staged is emptied
+		if ownerOK {
+			if st, err := os.Lstat(p); err == nil && st.Mode().IsRegular() && st.Size() == int64(ref.staged.n) {
+				return true, nil
+			}
+		} else if fileMatches(p, *ref.staged) {
+			// Without an ID xattr the size does not tell whose it is:
+			// its bytes do.
+			return true, nil
+		}
+		if !ownerOK {
+			// Whose it is is unknown: kept as a stray; resolve looks in
+			// DIR/staged for e's body.
+			return false, r.moveAside(p, e.q.name, e.name(), true)
+		}
+		placed, err := r.placeStaged(e, p, *ref.staged)
+		if err == nil && !placed {
+			r.s.log.Error("the body file of a message is not the size its record says, and its staged copy is gone; kept as it is",
+				logID, e.id, logPath, p, logBytes, ref.staged.n)
+		}
+		return err == nil, err
+	}
 	want, err := r.rs.read(ref)
 	if err != nil {
 		return false, err
@@ -334,7 +361,15 @@ func (r *reconciler) resolve() error {
 			r.logf(r.moved, "moved a body to where its message is", logID, e.id, logFrom, x.path, logTo, p)
 			continue
 		}
-		if ref, ok := r.rs.bodies[e.id]; ok {
+		if ref, ok := r.rs.bodies[e.id]; ok && ref.staged != nil {
+			placed, err := r.placeStaged(e, p, *ref.staged)
+			if err != nil {
+				return err
+			}
+			if placed {
+				continue
+			}
+		} else if ok {
 			b, err := r.rs.read(ref)
 			if err != nil {
 				return err

@@ -22,13 +22,16 @@ type replayState struct {
 	touched       map[uint64]bool     // hashes (pathHash) of body paths replayed records wrote, moved or removed
 	history       map[uint64][]string // earlier paths of messages that replayed records moved
 	deletedQueues map[string]bool     // queues a replayed record deleted
+	stagedCut     bool                // a record whose staged body is missing ended the replay
 }
 
-// bodyRef is where a body lies in a journal file.
+// bodyRef is where a body lies in a journal file, or, if staged is set,
+// what the record says of a body staged in DIR/staged.
 type bodyRef struct {
-	file int
-	off  int64
-	n    int
+	file   int
+	off    int64
+	n      int
+	staged *stagedBody
 }
 
 func (rs *replayState) close() {
@@ -81,6 +84,13 @@ func (s *Store) recover(ctx context.Context) error {
 	defer rs.close()
 	dirty := false
 	for _, name := range []string{oldJournalName, journalName} {
+		if rs.stagedCut {
+			// The records of the newer journal came after the cut: they
+			// go with it (the open's checkpoint below empties the file).
+			s.log.Warn("ignored the journal after a commit cut short", logJournal, name)
+			dirty = true
+			break
+		}
 		nonEmpty, err := s.replayJournal(name, rs)
 		if err != nil {
 			return err
@@ -95,7 +105,10 @@ func (s *Store) recover(ctx context.Context) error {
 		s.log.Info("replayed the journal", logCount, rs.records, logSkipped, rs.skipped, logTorn, rs.tornTails, logLSN, s.lsn)
 	}
 	if dirty || repairs > 0 {
-		return s.checkpointAtOpen()
+		if err := s.checkpointAtOpen(); err != nil {
+			return err
+		}
+		return s.cleanStaged()
 	}
 	path := filepath.Join(s.dir, journalName)
 	_, statErr := os.Lstat(path)
@@ -113,7 +126,7 @@ func (s *Store) recover(ctx context.Context) error {
 			return err
 		}
 	}
-	return nil
+	return s.cleanStaged()
 }
 
 // replayJournal applies the records of one journal file that the snapshot
@@ -146,6 +159,15 @@ func (s *Store) replayJournal(name string, rs *replayState) (nonEmpty bool, err 
 		last = rec.lsn
 		if rec.lsn <= s.lsn {
 			return nil // the snapshot holds it: a crash came between snapshot and truncation
+		}
+		if id, missing := s.stagedMissing(rec); missing {
+			// A power cut came before the name of a body staged for this
+			// record was durable: the record never counted as durable,
+			// nor did any after it, so it and they are a torn tail.
+			s.log.Warn("a journal record names a staged body that is not there: it and what follows are a commit cut short",
+				logJournal, name, logLSN, rec.lsn, logID, id)
+			rs.stagedCut = true
+			return errStaleRecord
 		}
 		if rec.lsn != s.lsn+1 {
 			s.log.Warn("the journal skips records", logAfterLSN, s.lsn, logLSN, rec.lsn, logJournal, name)
@@ -217,6 +239,8 @@ func (s *Store) replayRecord(rec *record, rs *replayState, file int, off int64) 
 				rs.touched[pathHash(newPath)] = true
 			}
 			switch {
+			case c.old == nil && rec.staged != nil && rec.staged[i] != nil:
+				rs.bodies[c.new.id] = bodyRef{staged: rec.staged[i]}
 			case c.old == nil:
 				rs.bodies[c.new.id] = bodyRef{file: file, off: off + int64(rec.bodyAt[i]), n: len(rec.ops[i].Body)}
 			case c.new == nil:

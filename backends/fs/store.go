@@ -69,6 +69,7 @@ type config struct {
 	maxDirtyMoves   int                // 0: maxDirtyMoves; tests make it small
 	spillTrimAt     int                // 0: defaultSpillTrimAt; tests make it small
 	beforeFileOps   func()             // nil: nothing; tests hold a commit between its sync and its file operations
+	stageAt         int                // bodies of this size or more are staged (staged.go); 0 or less: none
 }
 
 func (s *Store) fdatasync(f *os.File) error {
@@ -121,17 +122,23 @@ type Store struct {
 	// between finding its path and opening it.
 	fileMu  sync.RWMutex
 	applied int64 // logical position up to which file operations are done
+	// placed are the staged bodies linked where their message is, whose
+	// staged names wait for a snapshot that holds their record (staged.go).
+	placed []placedBody
 
 	bg      sync.WaitGroup // background checkpoint
 	trashWG sync.WaitGroup // removal of deleted queues' trees
 	noXattr atomic.Bool    // the file system refused user xattrs
-	dirty   dirtySet       // files and directories to fsync at the next checkpoint
+	// stagedDirty is set when a body is staged, cleared when DIR/staged
+	// is synced (syncStagedLocked).
+	stagedDirty atomic.Bool
+	dirty       dirtySet // files and directories to fsync at the next checkpoint
 }
 
 // Open opens (creating if needed) the store in dir, taking its lock, and
 // recovers it: snapshot, journal replay, reconciliation of the tree.
 func Open(ctx context.Context, dir string, opts backends.Options) (*Store, error) {
-	return open(ctx, dir, opts, config{checkpointBytes: defaultCheckpointBytes})
+	return open(ctx, dir, opts, config{checkpointBytes: defaultCheckpointBytes, stageAt: defaultStageAt})
 }
 
 // Tuning holds the fs store's own settings.
@@ -144,14 +151,25 @@ type Tuning struct {
 	// (0: 16 MiB; a larger snapshot raises it). Tests make it small, so
 	// that journal rotations and checkpoints run under their load.
 	CheckpointBytes int64
+	// StageAt is the body size from which, in SyncFull and SyncStrict, a
+	// body is written to a file of its own and synced before its commit
+	// instead of going through the journal (0: DefaultStageAt; negative:
+	// never, every body goes through the journal).
+	StageAt int
 }
+
+// DefaultStageAt is Tuning.StageAt's default.
+const DefaultStageAt = defaultStageAt
 
 // DefaultSpillAt is Tuning.SpillAt's default.
 const DefaultSpillAt = defaultSpillAt
 
 // OpenTuned is Open with Tuning.
 func OpenTuned(ctx context.Context, dir string, opts backends.Options, t Tuning) (*Store, error) {
-	cfg := config{checkpointBytes: t.CheckpointBytes, spillAt: t.SpillAt}
+	cfg := config{checkpointBytes: t.CheckpointBytes, spillAt: t.SpillAt, stageAt: t.StageAt}
+	if cfg.stageAt == 0 {
+		cfg.stageAt = defaultStageAt
+	}
 	if cfg.checkpointBytes <= 0 {
 		cfg.checkpointBytes = defaultCheckpointBytes
 	}
@@ -479,10 +497,12 @@ func (s *Store) findBodyLocked(id uint64) (bodyAt, *pendingBody, error) {
 	if s.busy[id] == 0 {
 		return bodyAt{path: s.entryPath(e), size: e.size}, nil, nil
 	}
-	if s.failErr != nil {
+	from, ok := s.pendingFrom(id)
+	if s.failErr != nil && !(ok && from == s.stagedPath(id)) {
+		// After a failure the file operations stop where they were; a
+		// staged body not placed yet is still where it was staged.
 		return bodyAt{}, nil, fmt.Errorf("the store failed: %w", s.failErr)
 	}
-	from, ok := s.pendingFrom(id)
 	if !ok {
 		// Not written yet is s.unwritten, removed is gone from the index.
 		return bodyAt{}, nil, fmt.Errorf("its pending file operations do not start with a rename: %w", errBadOp)
@@ -502,7 +522,7 @@ func (s *Store) pendingFrom(id uint64) (from string, ok bool) {
 	for _, r := range s.pending {
 		for _, op := range r.ops {
 			if op.id == id && isMessageOp(op.kind) {
-				return op.from, op.kind == opRename
+				return op.from, op.kind == opRename || op.kind == opPlace
 			}
 		}
 	}

@@ -36,7 +36,7 @@ const (
 // before is there, and the store takes commits again.
 func TestTornTail(t *testing.T) {
 	m1, m2, m3 := tmsg(1, "q", "one", ready), tmsg(2, "q", "two", ready), tmsg(3, "q", "three", ready)
-	frame3, _ := encodeApplyRecord(4, []queuecore.Op{tins(m3)})
+	frame3, _ := encodeApplyRecord(4, []queuecore.Op{tins(m3)}, nil)
 	cases := []struct {
 		name     string
 		damage   func(t *testing.T, f *os.File, end int64) // end: where the records end

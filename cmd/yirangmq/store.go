@@ -35,6 +35,10 @@ func defaultStore() string {
 // keeps in memory before newer ones go to its spill file.
 var fsSpillAt = fs.DefaultSpillAt
 
+// fsStageAt is --fs-stage-bodies: the body size from which the fs store
+// stages a body in a file of its own (0: its default, -1: never).
+var fsStageAt int
+
 // sqliteFileBodies is --sqlite-file-bodies: the body size from which the
 // sqlite store keeps a body in a file (0: its default, -1: never).
 var sqliteFileBodies int64
@@ -47,7 +51,7 @@ func openStore(ctx context.Context, backend, dir string, sync queuecore.SyncMode
 	case "sqlite":
 		return sqlite.OpenTuned(ctx, dir, opts, sqlite.Tuning{FileBodies: sqliteFileBodies})
 	case "fs":
-		return fs.OpenTuned(ctx, dir, opts, fs.Tuning{SpillAt: fsSpillAt})
+		return fs.OpenTuned(ctx, dir, opts, fs.Tuning{SpillAt: fsSpillAt, StageAt: fsStageAt})
 	case "postgres":
 		if !isPostgresURL(dir) {
 			return nil, fmt.Errorf("--backend postgres needs --store postgres://USER@HOST/DB (or a key=value connection string), not %q", dir)

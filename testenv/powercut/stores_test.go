@@ -50,7 +50,7 @@ const childEnv = "YIRANGMQ_POWERCUT_CHILD"
 
 // childSpec is what the child is told, as JSON in childEnv.
 type childSpec struct {
-	Store string `json:"store"` // "fs", "fs-checkpoints", "sqlite" or "sqlite-files"
+	Store string `json:"store"` // "fs", "fs-checkpoints", "fs-staged", "sqlite" or "sqlite-files"
 	Dir   string `json:"dir"`
 	Sync  string `json:"sync"`
 	Seed  uint64 `json:"seed"`
@@ -83,6 +83,12 @@ func openStore(ctx context.Context, store, dir string, mode queuecore.SyncMode) 
 		// journal.old, a new journal, both names synced only by the next
 		// sync of a commit) and its snapshot then meet the cuts often.
 		return fsstore.OpenTuned(ctx, dir, opts, fsstore.Tuning{CheckpointBytes: 16 << 10})
+	case "fs-staged":
+		// Bodies of 2 KiB or more staged (written and synced to a file
+		// of their own before their record, then renamed into place),
+		// and a checkpoint every 16 KiB of journal: the cuts meet the
+		// staging, the placements and the checkpoints' syncs of them.
+		return fsstore.OpenTuned(ctx, dir, opts, fsstore.Tuning{StageAt: 2 << 10, CheckpointBytes: 16 << 10})
 	case "sqlite-files":
 		// Bodies of 2 KiB or more in files of their own (a third of
 		// them, and the 40 KiB ones), so that the cuts meet their
@@ -590,7 +596,7 @@ type storeCase struct {
 // directories they changed; a new store's directory is now made durable in
 // its parent by backends.LockStore.)
 func storeCases() []storeCase {
-	return []storeCase{{store: "fs"}, {store: "fs-checkpoints"}, {store: "sqlite"}, {store: "sqlite-files"}}
+	return []storeCase{{store: "fs"}, {store: "fs-checkpoints"}, {store: "fs-staged"}, {store: "sqlite"}, {store: "sqlite-files"}}
 }
 
 // cutsPerStore is the number of kills and power cuts per store and mode;
