@@ -68,7 +68,8 @@ func (s *Store) Apply(ctx context.Context, ops []queuecore.Op) error {
 	s.lsn++
 	s.ix.noteIDs(changes)
 	// A staged body counts towards the next checkpoint as if it were in
-	// the journal: its staged name stays until a checkpoint ends.
+	// the journal: its staged name stays until a snapshot holds this
+	// record.
 	s.sinceCkpt += stagedBytes(staged)
 	fileOps := s.fileOpsFor(changes, ops, frame, bodyAt, staged)
 	s.ix.trimSpills(changes)

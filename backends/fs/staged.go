@@ -109,8 +109,9 @@ func (s *Store) unlinkPlaced(upTo int64) {
 	}
 }
 
-// stagedMissing says which staged body of a replayed record is not in
-// DIR/staged whole by its size, if one is not: the record was written
+// stagedMissing says which staged body of a replayed record is neither in
+// DIR/staged (by its size) nor where the record put its message (by its
+// ID xattr and size, or its CRC), if one is: the record was written
 // after the last sync of DIR/staged began, so neither its commit nor any
 // after it returned (syncStagedLocked), and the replay ends there.
 func (s *Store) stagedMissing(rec *record) (uint64, bool) {
@@ -118,11 +119,22 @@ func (s *Store) stagedMissing(rec *record) (uint64, bool) {
 		if sb == nil {
 			continue
 		}
-		id := rec.ops[i].Msg.ID
-		st, err := os.Lstat(s.stagedPath(id))
-		if err != nil || !st.Mode().IsRegular() || st.Size() != int64(sb.n) {
-			return id, true
+		m := &rec.ops[i].Msg
+		st, err := os.Lstat(s.stagedPath(m.ID))
+		if err == nil && st.Mode().IsRegular() && st.Size() == int64(sb.n) {
+			continue
 		}
+		// Its staged name may be gone by a hand while the body is where
+		// the record put it: a commit cut short never placed its body.
+		p := s.bodyPath(m.Queue, m.State, m.Name)
+		if owner, ok := readOwner(p); ok {
+			if st, err := os.Lstat(p); err == nil && owner == m.ID && st.Mode().IsRegular() && st.Size() == int64(sb.n) {
+				continue
+			}
+		} else if fileMatches(p, *sb) {
+			continue
+		}
+		return m.ID, true
 	}
 	return 0, false
 }

@@ -135,8 +135,8 @@ func TestStagedBodiesAfterCrash(t *testing.T) {
 	s := openTest(t, dir, queuecore.SyncFull, cfg, nil)
 	mustPutQueues(t, s, "a")
 	n1, n2, n3, n4 := tmsg(11, "a", "n1", ready), tmsg(12, "a", "n2", ready), tmsg(13, "a", "n3", ready), tmsg(14, "a", "n4", ready)
-	n5 := tmsg(15, "a", "n5", ready)
-	mustApply(t, s, tins(n1), tins(n5))
+	n5, n6 := tmsg(15, "a", "n5", ready), tmsg(16, "a", "n6", ready)
+	mustApply(t, s, tins(n1), tins(n5), tins(n6))
 	mustApply(t, s, tins(n3))
 	mustApply(t, s, tins(n4))
 	leasedN3 := n3
@@ -155,7 +155,9 @@ func TestStagedBodiesAfterCrash(t *testing.T) {
 	mv(t, filepath.Join(q, "a/processing/n3"), filepath.Join(q, "a/inbox/n3")) // lease not moved
 	mv(t, n4copy, filepath.Join(staged, "14"))                                 // a staged copy of its own,
 	write(t, filepath.Join(q, "a/inbox/n4"), "garbage")                        // and the placed file damaged (keeps its xattr)
-	rm(t, filepath.Join(staged, "12"))                                         // n2's staged name not durable
+	rm(t, filepath.Join(staged, "16"))                                         // a hand: n6 is in place all the same
+	rm(t, filepath.Join(staged, "12"))                                         // n2's staged name not durable, so its commit
+	rm(t, filepath.Join(q, "a/inbox/n2"))                                      // never returned: nor was it placed
 	write(t, filepath.Join(staged, "999"), "staged, never committed")
 
 	log := &logBuffer{}
@@ -166,7 +168,8 @@ func TestStagedBodiesAfterCrash(t *testing.T) {
 	wantMessage(t, s, leasedN3, tbody(13))
 	wantMessage(t, s, n4, tbody(14))
 	wantMessage(t, s, n5, tbody(15)) // its lease was in the batch cut short
-	wantTree(t, dir, "a/inbox/n1", "a/processing/n3", "a/inbox/n4", "a/inbox/n5")
+	wantMessage(t, s, n6, tbody(16)) // its record is not taken for a cut
+	wantTree(t, dir, "a/inbox/n1", "a/processing/n3", "a/inbox/n4", "a/inbox/n5", "a/inbox/n6")
 	if n := stagedNames(t, dir); len(n) != 0 {
 		t.Errorf("DIR/staged holds %v after Open", n)
 	}
