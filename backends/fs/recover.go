@@ -86,8 +86,14 @@ func (s *Store) recover(ctx context.Context) error {
 	for _, name := range []string{oldJournalName, journalName} {
 		if rs.stagedCut {
 			// The records of the newer journal came after the cut: they
-			// go with it (the open's checkpoint below empties the file).
-			s.log.Warn("ignored the journal after a commit cut short", logJournal, name)
+			// go with it. Emptied now, and durably, not only by the
+			// open's checkpoint below: a crash between its removal of
+			// journal.old and its truncation of this file would let the
+			// next open replay them after a gap.
+			if err := emptyJournal(filepath.Join(s.dir, name)); err != nil {
+				return err
+			}
+			s.log.Warn("emptied the journal after a commit cut short", logJournal, name)
 			dirty = true
 			break
 		}
@@ -261,3 +267,23 @@ var pathSeed = maphash.MakeSeed()
 // (odds about n²/2⁶⁵) only makes the repair look closely at a path that
 // needed no look, or remove an unexplained file instead of keeping it.
 func pathHash(p string) uint64 { return maphash.String(pathSeed, p) }
+
+// emptyJournal truncates the journal at path, if there is one, and syncs
+// it.
+func emptyJournal(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("open %s: %w", path, err)
+	}
+	defer f.Close()
+	if err := f.Truncate(0); err != nil {
+		return fmt.Errorf("empty %s: %w", path, err)
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("fsync %s: %w", path, err)
+	}
+	return nil
+}

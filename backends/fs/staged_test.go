@@ -232,3 +232,41 @@ func TestStagedBodyRead(t *testing.T) {
 	}
 	wantMessage(t, s, tmsg(1, "q", "m", ready), tbody(1))
 }
+
+// TestStagedCutInOldJournal: a record of journal.old whose staged body is
+// nowhere ends the replay there, and the newer journal's records, all
+// written after it, go with it.
+func TestStagedCutInOldJournal(t *testing.T) {
+	dir := t.TempDir()
+	cfg := config{stageAt: 8}
+	s := openTest(t, dir, queuecore.SyncFull, cfg, nil)
+	mustPutQueues(t, s, "a")
+	a, b := tmsg(1, "a", "a", ready), tmsg(2, "a", "b", ready)
+	mustApply(t, s, tins(a))
+	mustApply(t, s, tins(b))
+	lsn := s.lsn
+	crash(t, s)
+	// As a rotation leaves it: journal.old, and a newer journal with one
+	// more record (c, not staged).
+	mv(t, filepath.Join(dir, journalName), filepath.Join(dir, oldJournalName))
+	c := queuecore.Op{Kind: queuecore.OpInsert, Msg: tmsg(3, "a", "c", ready), Body: []byte("c")}
+	c.Msg.Size = 1
+	frame, _ := encodeApplyRecord(lsn+1, []queuecore.Op{c}, nil)
+	write(t, filepath.Join(dir, journalName), string(frame))
+	// b's staged name and its placed file are not there: b's commit was
+	// cut short, and so was everything after it.
+	rm(t, filepath.Join(dir, stagedDir, "2"))
+	rm(t, filepath.Join(dir, queuesDir, "a/inbox/b"))
+
+	log := &logBuffer{}
+	s = openTest(t, dir, queuecore.SyncFull, cfg, log)
+	wantMessage(t, s, a, tbody(1))
+	wantGone(t, s, 2)
+	wantGone(t, s, 3)
+	wantTree(t, dir, "a/inbox/a")
+	for _, want := range []string{"cut short", "emptied the journal after a commit cut short"} {
+		if !strings.Contains(log.String(), want) {
+			t.Errorf("the open's log lacks %q:\n%s", want, log)
+		}
+	}
+}
