@@ -222,18 +222,25 @@ func (s *Store) doFileOp(op *fileOp) error {
 
 // renameMkdir renames, creating the target's directory if it is missing.
 func renameMkdir(from, to string) error {
-	err := unix.Rename(from, to)
-	if err == unix.ENOENT {
-		if _, serr := os.Lstat(from); serr == nil {
-			if err = os.MkdirAll(filepath.Dir(to), 0o700); err == nil {
-				err = unix.Rename(from, to)
-			}
-		}
-	}
-	if err != nil {
+	if err := mkdirRetry(unix.Rename, from, to); err != nil {
 		return &os.LinkError{Op: "rename", Old: from, New: to, Err: err}
 	}
 	return nil
+}
+
+// mkdirRetry calls op(from, to) and, if it fails with ENOENT while from
+// exists (the target's directory is missing), creates that directory and
+// calls it again.
+func mkdirRetry(op func(from, to string) error, from, to string) error {
+	err := op(from, to)
+	if err == unix.ENOENT {
+		if _, serr := os.Lstat(from); serr == nil {
+			if err = os.MkdirAll(filepath.Dir(to), 0o700); err == nil {
+				err = op(from, to)
+			}
+		}
+	}
+	return err
 }
 
 // linkMkdir links a second name to a file, creating the target's
@@ -241,14 +248,7 @@ func renameMkdir(from, to string) error {
 // has: the index said the name was free, and the operations before this
 // one are done) is replaced, through a temp name and a rename.
 func linkMkdir(from, to string) error {
-	err := unix.Link(from, to)
-	if err == unix.ENOENT {
-		if _, serr := os.Lstat(from); serr == nil {
-			if err = os.MkdirAll(filepath.Dir(to), 0o700); err == nil {
-				err = unix.Link(from, to)
-			}
-		}
-	}
+	err := mkdirRetry(unix.Link, from, to)
 	if err == unix.EEXIST {
 		tmp := filepath.Dir(to) + "/" + tempPrefix + "p" + filepath.Base(from)
 		_ = unix.Unlink(tmp)
@@ -282,17 +282,7 @@ func (s *Store) writeBody(path string, id uint64, body []byte) error {
 	if err != nil {
 		return fmt.Errorf("write body of message %d: %w", id, &os.PathError{Op: "open", Path: tmp, Err: err})
 	}
-	err = writeAll(fd, body)
-	if err == nil && !s.noXattr.Load() {
-		if xerr := unix.Fsetxattr(fd, idXattr, strconv.AppendUint(nil, id, 10), 0); xerr != nil {
-			if xerr == unix.ENOTSUP || xerr == unix.EOPNOTSUPP {
-				s.noXattr.Store(true)
-				s.log.Warn("the file system refuses user xattrs; repairs after a crash will know less", logErr, xerr)
-			} else {
-				err = xerr
-			}
-		}
-	}
+	err = s.writeWithID(fd, id, body)
 	if cerr := unix.Close(fd); err == nil {
 		err = cerr
 	}
@@ -304,6 +294,22 @@ func (s *Store) writeBody(path string, id uint64, body []byte) error {
 		return fmt.Errorf("write body of message %d: %w", id, &os.PathError{Op: "write", Path: path, Err: err})
 	}
 	return nil
+}
+
+// writeWithID writes body to fd and tags the file with message id's ID
+// xattr (so that a repair can tell whose a file is), unless the file
+// system refuses user xattrs, which is said once and remembered.
+func (s *Store) writeWithID(fd int, id uint64, body []byte) error {
+	if err := writeAll(fd, body); err != nil || s.noXattr.Load() {
+		return err
+	}
+	err := unix.Fsetxattr(fd, idXattr, strconv.AppendUint(nil, id, 10), 0)
+	if err == unix.ENOTSUP || err == unix.EOPNOTSUPP {
+		s.noXattr.Store(true)
+		s.log.Warn("the file system refuses user xattrs; repairs after a crash will know less", logErr, err)
+		return nil
+	}
+	return err
 }
 
 func writeAll(fd int, b []byte) error {

@@ -195,17 +195,7 @@ func (s *Store) stageBody(id uint64, body []byte) (*stagedBody, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stage body of message %d: %w", id, &os.PathError{Op: "open", Path: p, Err: err})
 	}
-	err = writeAll(fd, body)
-	if err == nil && !s.noXattr.Load() {
-		if xerr := unix.Fsetxattr(fd, idXattr, strconv.AppendUint(nil, id, 10), 0); xerr != nil {
-			if xerr == unix.ENOTSUP || xerr == unix.EOPNOTSUPP {
-				s.noXattr.Store(true)
-				s.log.Warn("the file system refuses user xattrs; repairs after a crash will know less", logErr, xerr)
-			} else {
-				err = xerr
-			}
-		}
-	}
+	err = s.writeWithID(fd, id, body)
 	if err == nil {
 		err = unix.Fsync(fd)
 		s.fsyncs.Add(1)
