@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -35,6 +36,42 @@ type msgNode struct {
 	// (Open, Create): a GETXATTR with some open may come from a
 	// descriptor (fgetxattr), which the kernel does not retry on ESTALE.
 	opens int
+
+	// shown records the attributes this node answered the kernel with:
+	// the owner uid of the last (low 32 bits; the kernel checks a touch
+	// -d or a chmod against it even once expired), whether there was one
+	// (shownAny) and whether any had a validity above 0 (shownCached).
+	// A lease needs no invalidation when the kernel holds neither valid
+	// attributes nor another owner (noStaleAttrs).
+	shown atomic.Uint64
+}
+
+const (
+	shownAny    = 1 << 32
+	shownCached = 1 << 33
+)
+
+// show records the attributes about to be answered for n; cached: with a
+// validity above 0 (an answer to CREATE, and any for a file still being
+// written, has none).
+func (n *msgNode) show(out *fuse.Attr, cached bool) {
+	v := uint64(out.Uid) | shownAny
+	if cached {
+		v |= shownCached
+	}
+	for {
+		old := n.shown.Load()
+		if n.shown.CompareAndSwap(old, v|old&shownCached) {
+			return
+		}
+	}
+}
+
+// noStaleAttrs reports whether the kernel holds no attributes of n that
+// a lease by uid would make wrong: every answer for n had a validity of 0
+// (so a stat asks again) and the last named uid as the owner.
+func (n *msgNode) noStaleAttrs(uid uint32) bool {
+	return n.shown.Load() == uint64(uid)|shownAny
 }
 
 // opened and released count the node's file handles (opens).
@@ -129,6 +166,7 @@ func (n *msgNode) fillAttr(ctx context.Context, out *fuse.Attr) syscall.Errno {
 		out.Blksize = 4096
 		out.Blocks = (out.Size + 511) / 512
 		n.mu.Unlock()
+		n.show(out, false) // see uncachedCreates
 		return 0
 	}
 	n.mu.Unlock()
@@ -137,6 +175,7 @@ func (n *msgNode) fillAttr(ctx context.Context, out *fuse.Attr) syscall.Errno {
 		return errnoOf(err)
 	}
 	fillMessage(out, m)
+	n.show(out, true)
 	return 0
 }
 
@@ -196,6 +235,7 @@ func (n *msgNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrO
 				return errno
 			}
 			fillMessage(&out.Attr, m)
+			n.show(&out.Attr, true)
 			return 0
 		}
 	}
@@ -410,6 +450,7 @@ func (n *msgNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAtt
 		m, errno = n.here(ctx)
 		if errno == syscall.ESTALE && m.ID != 0 {
 			fillMessage(&out.Attr, m)
+			n.show(&out.Attr, false)
 			out.SetTimeout(uncachedEntry) // see uncachedCreates
 			return 0
 		}
@@ -442,6 +483,7 @@ func (n *msgNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAtt
 	// Anything else (a mode, the owner it has, the times of a message
 	// not leased) is accepted and changes nothing.
 	fillMessage(&out.Attr, m)
+	n.show(&out.Attr, true)
 	return 0
 }
 

@@ -135,6 +135,7 @@ func TestMultiUser(t *testing.T) {
 				{"1-NextNeedsWrite", (*multiUser).nextNeedsWrite},
 				{"2-FanoutTarget", (*multiUser).fanoutTarget},
 				{"3-LeaserSetsReason", (*multiUser).leaserSetsReason},
+				{"3b-LeaseOwnMessage", (*multiUser).leaseOwnMessage},
 				{"5-DraftFlood", (*multiUser).draftFlood},
 				{"6-NextReaders", (*multiUser).nextReaders},
 				{"7-CostlySchemas", (*multiUser).costlySchemas},
@@ -251,6 +252,59 @@ func (m *multiUser) leaserSetsReason(t *testing.T) {
 		t.Errorf("lease deadline %v, want about 100 s from now (%v)", fi.ModTime(), err)
 	}
 	testenv.MustSh(t, d.Mountpoint, `rm open/processing/job open/processing/job2`)
+}
+
+// 3b. A lease by mv of a message whose attributes the kernel may hold
+// leaves them right for the leaser and for stat: the publisher leasing its
+// own message right after its CREATE (the daemon sends no invalidation
+// then), after someone's stat cached them, and after a lease by another
+// user that was given back.
+func (m *multiUser) leaseOwnMessage(t *testing.T) {
+	d := m.d
+	// What the leaser sees at once: its own uid, a deadline about 30 s
+	// ahead (the default visibility timeout), and touch -d, setxattr work.
+	check := func(t *testing.T, what string, uid int, name string) {
+		t.Helper()
+		r := m.as(t, uid, `mv open/inbox/`+name+` open/processing/ && stat -c '%u %Y' open/processing/`+name+` && date +%s && `+
+			`touch -d @$(( $(date +%s) + 100 )) open/processing/`+name+` && `+m.client+` setxattr open/processing/`+name+` user.yirangmq.reason R`)
+		var owner, mtime, now int64
+		var rest string
+		if n, _ := fmt.Sscan(r.Stdout, &owner, &mtime, &now, &rest); n != 4 || r.Code != 0 || rest != "setxattr=OK" {
+			t.Fatalf("%s: exit %d %q %q", what, r.Code, r.Stdout, r.Stderr)
+		}
+		if owner != int64(uid) || mtime < now+20 || mtime > now+40 {
+			t.Errorf("%s: stat right after the lease says owner %d mtime %d at %d, want %d and the deadline (about 30 s ahead)", what, owner, mtime, now, uid)
+		}
+		if r := m.as(t, stranger, "touch -d @1 open/processing/"+name); r.Code == 0 && uid != stranger {
+			t.Errorf("%s: a stranger moved the deadline", what)
+		}
+		fi, err := os.Stat(d.Path("open", "processing", name))
+		if err != nil || time.Until(fi.ModTime()) < 60*time.Second {
+			t.Errorf("%s: lease deadline %v, want about 100 s from now (%v)", what, fi.ModTime(), err)
+		}
+	}
+	publish := func(t *testing.T, uid int, name string) {
+		t.Helper()
+		if r := m.as(t, uid, "echo x > open/inbox/"+name); r.Code != 0 {
+			t.Fatalf("publish %s: %s", name, r.Stderr)
+		}
+	}
+	publish(t, nobody, "own1")
+	check(t, "leased at once by its publisher", nobody, "own1")
+	publish(t, nobody, "own2")
+	if r := m.as(t, stranger, "stat open/inbox/own2 >/dev/null"); r.Code != 0 {
+		t.Fatalf("stat: %s", r.Stderr)
+	}
+	check(t, "leased by its publisher after a stat", nobody, "own2")
+	publish(t, nobody, "own3")
+	// Leased by a stranger, and given back at once (reason RELEASED).
+	if r := m.as(t, stranger, "mv open/inbox/own3 open/processing/ && stat open/processing/own3 >/dev/null && "+m.client+" setxattr open/processing/own3 user.yirangmq.reason RELEASED >/dev/null && mv open/processing/own3 open/inbox/ && test -f open/inbox/own3"); r.Code != 0 {
+		t.Fatalf("a stranger's lease and nack: %s", r.Stderr)
+	}
+	check(t, "leased by its publisher after a stranger's lease", nobody, "own3")
+	testenv.MustSh(t, d.Mountpoint, `echo x > open/inbox/root1`)
+	check(t, "root's message leased at once by nobody", nobody, "root1")
+	testenv.MustSh(t, d.Mountpoint, `rm open/processing/own1 open/processing/own2 open/processing/own3 open/processing/root1`)
 }
 
 // 5. Drafts are bounded per uid: a flood of 1000 drafts of 256 KiB gets

@@ -71,11 +71,15 @@ func (d *stateDir) messageInode(ctx context.Context, m queuecore.Message, out *f
 	if c := d.GetChild(m.Name); c != nil {
 		if old, ok := c.Operations().(*msgNode); ok && c.StableAttr().Ino == ino && old.gen == gen {
 			d.fsys.track(old) // the node the kernel had: recently used again
+			old.show(&out.Attr, true)
 			return c
 		}
 	}
 	n.gen = gen
 	in := d.NewInode(ctx, n, fs.StableAttr{Mode: syscall.S_IFREG, Ino: ino, Gen: gen})
+	if got, ok := in.Operations().(*msgNode); ok {
+		got.show(&out.Attr, true) // n, or the node the kernel already has for this inode
+	}
 	d.fsys.track(n)
 	return in
 }
@@ -226,7 +230,7 @@ func (d *stateDir) Rename(ctx context.Context, name string, newParent fs.InodeEm
 	// where it is; a replay or a forward is a new message, which the
 	// moved inode stands for meanwhile (successors).
 	d.fsys.placements.moved(m.ID, to.state)
-	if child := d.GetChild(name); child != nil && to.state == queuecore.StateLeased {
+	if child := d.GetChild(name); child != nil && to.state == queuecore.StateLeased && !attrsStillRight(child, m) {
 		// The leaser owns it now (fillMessage): its next setxattr or
 		// touch must not be checked against the publisher the kernel
 		// cached. Attributes only: takes no inode lock in the kernel.
@@ -238,6 +242,22 @@ func (d *stateDir) Rename(ctx context.Context, name string, newParent fs.InodeEm
 		}
 	}
 	return 0
+}
+
+// attrsStillRight reports whether the kernel holds no attributes of the inode
+// of leased message m that the lease made wrong: the node stands for m,
+// the kernel was only ever answered attributes it may not keep (those of
+// the CREATE that published it, see uncachedCreates), and their owner is
+// m's leaser (a publisher leasing its own message). Then the lease needs
+// no invalidation, a FUSE notification that cost about as much CPU as the
+// lease's commit.
+func attrsStillRight(child *fs.Inode, m queuecore.Message) bool {
+	n, ok := child.Operations().(*msgNode)
+	if !ok || n.id != m.ID {
+		return false
+	}
+	uid, ok := leaserUID(m)
+	return ok && n.noStaleAttrs(uid)
 }
 
 // renameReady gives a ready message that no one has leased a new name in
