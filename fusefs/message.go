@@ -40,7 +40,8 @@ type msgNode struct {
 	// shown records the attributes this node answered the kernel with:
 	// the owner uid of the last (low 32 bits; the kernel checks a touch
 	// -d or a chmod against it even once expired), whether there was one
-	// (shownAny) and whether any had a validity above 0 (shownCached).
+	// (shownAny) and whether any had, or is about to have, a validity
+	// above 0 (shownCached; see mayCache).
 	// A lease needs no invalidation when the kernel holds neither valid
 	// attributes nor another owner (noStaleAttrs).
 	shown atomic.Uint64
@@ -62,6 +63,19 @@ func (n *msgNode) show(out *fuse.Attr, cached bool) {
 	for {
 		old := n.shown.Load()
 		if n.shown.CompareAndSwap(old, v|old&shownCached) {
+			return
+		}
+	}
+}
+
+// mayCache records, before the message is read for an answer whose
+// attributes the kernel may keep, that such an answer is on its way: a
+// lease that looks at shown meanwhile must not count on the kernel having
+// none, since the answer, read before the lease, may arrive after it.
+func (n *msgNode) mayCache() {
+	for {
+		old := n.shown.Load()
+		if old&shownCached != 0 || n.shown.CompareAndSwap(old, old|shownCached) {
 			return
 		}
 	}
@@ -170,6 +184,7 @@ func (n *msgNode) fillAttr(ctx context.Context, out *fuse.Attr) syscall.Errno {
 		return 0
 	}
 	n.mu.Unlock()
+	n.mayCache()
 	m, err := n.current(ctx)
 	if err != nil {
 		return errnoOf(err)
@@ -230,6 +245,7 @@ func (n *msgNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrO
 			return syscall.ESTALE
 		}
 		if !n.isPending() {
+			n.mayCache()
 			m, errno := n.here(ctx)
 			if errno != 0 {
 				return errno
@@ -436,6 +452,7 @@ func (n *msgNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAtt
 		return errnoOf(queuecore.ErrImmutable)
 	}
 	var m queuecore.Message
+	n.mayCache()
 	if fh == nil {
 		// Without a file handle (by path, and also fchmod and futimens,
 		// which the kernel sends without one): the name the kernel kept

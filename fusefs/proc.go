@@ -56,14 +56,14 @@ func threadGroup(tid uint32) uint32 {
 
 // leasers caches user.yirangmq.consumer per thread: a consumer leases
 // again and again from the same few threads. An entry is used for at most
-// leaserTTL, so a command that execs shows its new name soon, and a thread
-// id given to another process is never described as the old one's: the
-// kernel hands out ids in a cycle, so an id comes back only after every
-// other id below pid_max (32768 by default) was given out, which takes far
-// longer than leaserTTL. The uid comes from the request itself, never from
-// the cache. Checking /proc/PID/task/TID at every lease instead (one path
-// lookup in /proc) took 5% of the CPU the daemon spent answering requests
-// in a 4-client lease benchmark.
+// leaserTTL, so a command that execs shows its new name soon. Within it,
+// a thread that exited and whose id the kernel gave to a new process of
+// the same uid (it can, at once, when its cursor is just below that id)
+// is described as the old one; the /proc/PID/task/TID check this cache
+// made before could not tell either when the id was a process's own (a
+// single-threaded tool's), and it took 5% of the CPU the daemon spent
+// answering requests in a 4-client lease benchmark. The uid is always
+// the request's, never the cache's, so a lease's owner is always right.
 type leasers struct {
 	mu sync.Mutex
 	m  map[uint32]leaser

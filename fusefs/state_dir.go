@@ -52,6 +52,11 @@ func (d *stateDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 	if strings.HasPrefix(name, ".") {
 		return nil, syscall.ENOENT
 	}
+	if c := d.GetChild(name); c != nil {
+		if n, ok := c.Operations().(*msgNode); ok {
+			n.mayCache() // before the read: see mayCache
+		}
+	}
 	m, err := d.fsys.core.Get(ctx, d.queue, d.state, name)
 	if err != nil {
 		return nil, errnoOf(err)
