@@ -43,7 +43,7 @@ type msgNode struct {
 	// (shownAny) and whether any had, or is about to have, a validity
 	// above 0 (shownCached; see mayCache).
 	// A lease needs no invalidation when the kernel holds neither valid
-	// attributes nor another owner (noStaleAttrs).
+	// attributes nor another owner (attrsStillRight).
 	shown atomic.Uint64
 }
 
@@ -81,11 +81,16 @@ func (n *msgNode) mayCache() {
 	}
 }
 
-// noStaleAttrs reports whether the kernel holds no attributes of n that
-// a lease by uid would make wrong: every answer for n had a validity of 0
-// (so a stat asks again) and the last named uid as the owner.
-func (n *msgNode) noStaleAttrs(uid uint32) bool {
-	return n.shown.Load() == uint64(uid)|shownAny
+// attrsStillRight reports whether the kernel holds no attributes of n
+// that the lease of m made wrong: n stands for m, every answer for n had
+// a validity of 0 (those of the CREATE that published it, see
+// uncachedCreates; so a stat asks again), and the last one named m's
+// leaser as the owner (a publisher leasing its own message). Then the
+// lease needs no invalidation, a FUSE notification that cost about as
+// much CPU as the lease's commit.
+func (n *msgNode) attrsStillRight(m queuecore.Message) bool {
+	uid, ok := leaserUID(m)
+	return ok && n.id == m.ID && n.shown.Load() == uint64(uid)|shownAny
 }
 
 // opened and released count the node's file handles (opens).

@@ -52,7 +52,8 @@ func (d *stateDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 	if strings.HasPrefix(name, ".") {
 		return nil, syscall.ENOENT
 	}
-	if c := d.GetChild(name); c != nil {
+	c := d.GetChild(name)
+	if c != nil {
 		if n, ok := c.Operations().(*msgNode); ok {
 			n.mayCache() // before the read: see mayCache
 		}
@@ -61,10 +62,12 @@ func (d *stateDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 	if err != nil {
 		return nil, errnoOf(err)
 	}
-	return d.messageInode(ctx, m, out), 0
+	return d.messageInode(ctx, m, c, out), 0
 }
 
-func (d *stateDir) messageInode(ctx context.Context, m queuecore.Message, out *fuse.EntryOut) *fs.Inode {
+// messageInode answers a LOOKUP of message m, whose name the kernel may
+// already have for child c (nil: none).
+func (d *stateDir) messageInode(ctx context.Context, m queuecore.Message, c *fs.Inode, out *fuse.EntryOut) *fs.Inode {
 	n := &msgNode{fsys: d.fsys, queue: d.queue, name: m.Name, id: m.ID}
 	fillMessage(&out.Attr, m)
 	// st_ino is msgIno(ID) for the message's whole life; the inode
@@ -73,7 +76,7 @@ func (d *stateDir) messageInode(ctx context.Context, m queuecore.Message, out *f
 	gen := d.fsys.placements.lookedUp(m.ID, d.state)
 	ino := msgIno(m.ID)
 	out.SetEntryTimeout(d.fsys.opts.NameTimeout)
-	if c := d.GetChild(m.Name); c != nil {
+	if c != nil {
 		if old, ok := c.Operations().(*msgNode); ok && c.StableAttr().Ino == ino && old.gen == gen {
 			d.fsys.track(old) // the node the kernel had: recently used again
 			old.show(&out.Attr, true)
@@ -235,34 +238,21 @@ func (d *stateDir) Rename(ctx context.Context, name string, newParent fs.InodeEm
 	// where it is; a replay or a forward is a new message, which the
 	// moved inode stands for meanwhile (successors).
 	d.fsys.placements.moved(m.ID, to.state)
-	if child := d.GetChild(name); child != nil && to.state == queuecore.StateLeased && !attrsStillRight(child, m) {
+	child := d.GetChild(name)
+	if child == nil {
+		return 0
+	}
+	old, _ := child.Operations().(*msgNode)
+	if to.state == queuecore.StateLeased && (old == nil || !old.attrsStillRight(m)) {
 		// The leaser owns it now (fillMessage): its next setxattr or
 		// touch must not be checked against the publisher the kernel
 		// cached. Attributes only: takes no inode lock in the kernel.
 		child.NotifyContent(-1, 0)
 	}
-	if child := d.GetChild(name); child != nil {
-		if old, ok := child.Operations().(*msgNode); ok && old.id != m.ID {
-			d.fsys.successors.add(old.id, m.Queue, m.ID, time.Now())
-		}
+	if old != nil && old.id != m.ID {
+		d.fsys.successors.add(old.id, m.Queue, m.ID, time.Now())
 	}
 	return 0
-}
-
-// attrsStillRight reports whether the kernel holds no attributes of the inode
-// of leased message m that the lease made wrong: the node stands for m,
-// the kernel was only ever answered attributes it may not keep (those of
-// the CREATE that published it, see uncachedCreates), and their owner is
-// m's leaser (a publisher leasing its own message). Then the lease needs
-// no invalidation, a FUSE notification that cost about as much CPU as the
-// lease's commit.
-func attrsStillRight(child *fs.Inode, m queuecore.Message) bool {
-	n, ok := child.Operations().(*msgNode)
-	if !ok || n.id != m.ID {
-		return false
-	}
-	uid, ok := leaserUID(m)
-	return ok && n.noStaleAttrs(uid)
 }
 
 // renameReady gives a ready message that no one has leased a new name in

@@ -197,11 +197,9 @@ func (sp *space) admit(n int64) error {
 		sp.setLow(true, free, floor)
 		return fmt.Errorf("%w: %d bytes free, floor %d", ErrDiskLow, free, floor)
 	}
-	if sp.low.Load() {
-		// Accepted again: the stats and the log say so from this
-		// publish on, not from the next tick.
-		sp.setLow(false, free, floor)
-	}
+	// Accepted (again): the stats and the log say so from this publish
+	// on, not from the next tick.
+	sp.setLow(false, free, floor)
 	return nil
 }
 

@@ -102,6 +102,12 @@ func tmsg(id uint64, q, name string, st queuecore.State) queuecore.Message {
 	return m
 }
 
+// tleased is m leased until an hour after epoch.
+func tleased(m queuecore.Message) queuecore.Message {
+	m.State, m.Deadline = leased, epoch.Add(time.Hour)
+	return m
+}
+
 func tbody(id uint64) []byte { return fmt.Appendf(nil, "body of message %d\n", id) }
 
 func tins(m queuecore.Message) queuecore.Op {

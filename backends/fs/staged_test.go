@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -139,13 +138,11 @@ func TestStagedBodiesAfterCrash(t *testing.T) {
 	mustApply(t, s, tins(n1), tins(n5), tins(n6))
 	mustApply(t, s, tins(n3))
 	mustApply(t, s, tins(n4))
-	leasedN3 := n3
-	leasedN3.State, leasedN3.Deadline = leased, epoch.Add(time.Hour)
+	leasedN3 := tleased(n3)
 	mustApply(t, s, tupd(leasedN3))
 	n4copy := filepath.Join(t.TempDir(), "n4")
 	copyWithXattr(t, filepath.Join(q, "a/inbox/n4"), n4copy)
-	leasedN5 := n5
-	leasedN5.State, leasedN5.Deadline = leased, epoch.Add(time.Hour)
+	leasedN5 := tleased(n5)
 	mustApply(t, s, tins(n2), tupd(leasedN5)) // the last batch
 	mustApply(t, s, tdel(11))                 // and one after it
 	crash(t, s)

@@ -142,8 +142,7 @@ func TestReconcileAfterCrash(t *testing.T) {
 	n1, n2 := tmsg(11, "a", "n1", ready), tmsg(12, "a", "n2", ready)
 	mustApply(t, s, tins(n1))
 	mustApply(t, s, tins(n2))
-	leasedP1 := p1
-	leasedP1.State, leasedP1.Deadline = leased, epoch.Add(time.Hour)
+	leasedP1 := tleased(p1)
 	mustApply(t, s, tupd(leasedP1))
 	p2copy := filepath.Join(t.TempDir(), "p2")
 	copyWithXattr(t, filepath.Join(q, "a/inbox/p2"), p2copy)
