@@ -154,7 +154,8 @@ func (s *suite) runNextWake(ctx context.Context, system string, d *daemon) error
 	sum := nr.Wake.summary()
 	s.res.Wake = append(s.res.Wake, wakeRow{System: system, How: "read(2) of QUEUE/.next blocked, create+write+close of inbox/NAME",
 		Samples: sum.N, P50US: sum.P50US, P99US: sum.P99US, Unconfirmed: nr.Unconfirmed})
-	s.logf("%s .next wake-up: p50 %.1f µs p99 %.1f µs (%d samples)", system, sum.P50US, sum.P99US, sum.N)
+	after := nr.AfterClose.summary()
+	s.logf("%s .next wake-up: p50 %.1f µs p99 %.1f µs (%d samples); from the publisher's close: p50 %.1f µs p99 %.1f µs", system, sum.P50US, sum.P99US, sum.N, after.P50US, after.P99US)
 	return nil
 }
 
