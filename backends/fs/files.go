@@ -271,6 +271,20 @@ func linkMkdir(from, to string) error {
 func (s *Store) writeBody(path string, id uint64, body []byte) error {
 	s.dirty.file(path)
 	s.dirty.wrote(id)
+	if sp, ok := s.spares.take(); ok {
+		err := s.writeWithID(sp.fd, id, body)
+		if cerr := unix.Close(sp.fd); err == nil {
+			err = cerr
+		}
+		if err == nil {
+			err = renameMkdir(sp.path, path)
+		}
+		if err != nil {
+			unix.Unlink(sp.path)
+			return fmt.Errorf("write body of message %d: %w", id, &os.PathError{Op: "write", Path: path, Err: err})
+		}
+		return nil
+	}
 	dir := filepath.Dir(path)
 	tmp := dir + "/" + tempPrefix + "w" + strconv.FormatUint(id, 10)
 	fd, err := unix.Open(tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_CLOEXEC, 0o600)

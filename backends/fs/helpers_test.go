@@ -75,6 +75,7 @@ func crash(t testing.TB, s *Store) {
 	s.inflight.Wait()
 	s.bg.Wait()
 	s.trashWG.Wait()
+	s.spares.close() // a killed process leaves its spares: TestSparesLeftAtOpen
 	if err := s.cur.Load().f.Close(); err != nil {
 		t.Fatalf("close journal: %v", err)
 	}

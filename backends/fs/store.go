@@ -70,6 +70,7 @@ type config struct {
 	spillTrimAt     int                // 0: defaultSpillTrimAt; tests make it small
 	beforeFileOps   func()             // nil: nothing; tests hold a commit between its sync and its file operations
 	stageAt         int                // bodies of this size or more are staged (staged.go); 0 or less: none
+	spares          int                // spare files kept ready (spare.go); 0: spareCount, <0: none
 }
 
 func (s *Store) fdatasync(f *os.File) error {
@@ -126,6 +127,7 @@ type Store struct {
 	// staged names wait for a snapshot that holds their record (staged.go).
 	placed []placedBody
 
+	spares  *spares        // empty files for new bodies (spare.go); nil: none
 	bg      sync.WaitGroup // background checkpoint
 	trashWG sync.WaitGroup // removal of deleted queues' trees
 	noXattr atomic.Bool    // the file system refused user xattrs
@@ -218,6 +220,11 @@ func open(ctx context.Context, dir string, opts backends.Options, cfg config) (*
 		return nil, fmt.Errorf("open fs store %s: %w", dir, err)
 	}
 	s.dirty.opened(s.ix.maxID)
+	n := cmp.Or(cfg.spares, spareCount)
+	if s.spares, err = startSpares(dir, n, s.log); err != nil {
+		// Publishes create their own files, as without the pool.
+		s.log.Warn("no spare body files", logErr, err)
+	}
 	return s, nil
 }
 
@@ -261,6 +268,7 @@ func (s *Store) Close() error {
 		held.img.release()
 	}
 	s.trashWG.Wait()
+	s.spares.close() // after the checkpoint, whose file operations may take one
 	if j := s.cur.Load(); j != nil {
 		if err := j.f.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("close journal: %w", err))

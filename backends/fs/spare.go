@@ -1,0 +1,174 @@
+package fs
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+)
+
+// Spare files: empty files created ahead of need in DIR/spare, which
+// writeBody fills and renames into place instead of creating a file of its
+// own.
+//
+// Every message's body is a new file, so every publish allocates an inode
+// and every ack frees one. On ext4 without a journal (common on devices,
+// and on the machines the benchmarks ran on) the kernel does not reuse an
+// inode freed in the last 5 seconds, or the last 5 minutes while its inode
+// table block is not written back yet, and it looks at every such free
+// inode, one by one, before it takes a fresh one (ext4's find_inode_bit and
+// recently_deleted). After a few thousand messages a second that scan costs
+// a create about 0.8 ms of CPU, which a publish at close(2) waited for.
+// A goroutine now pays it ahead, while the daemon waits for work, and
+// keeps spareCount open files ready; a publish takes one, or creates its
+// file as before when none is left (a burst).
+//
+// A spare is never a file a reader has seen: it is created empty by this
+// process and only ever renamed away from DIR/spare. What is left in
+// DIR/spare at Open (a crash, or a power cut after a rename whose old name
+// was not synced, which leaves a second link to a body) is removed there,
+// name by name, without opening anything.
+const (
+	spareDir   = "spare"
+	spareCount = 16
+)
+
+// spareFile is a created empty file, open for writing.
+type spareFile struct {
+	path string
+	fd   int
+}
+
+// spares is the pool and the goroutine that fills it.
+type spares struct {
+	dir  string
+	log  *slog.Logger
+	ch   chan spareFile // the pool; the goroutine blocks sending when it is full
+	kick chan struct{}  // wakes a goroutine that stopped after an error
+	stop chan struct{}
+	done chan struct{}
+	seq  uint64
+}
+
+// startSpares empties DIR/spare (what a crash left) and starts filling it.
+// n is the pool's size; with n <= 0 there is no pool (take finds none).
+func startSpares(storeDir string, n int, log *slog.Logger) (*spares, error) {
+	if n <= 0 {
+		return nil, nil
+	}
+	p := &spares{
+		dir:  filepath.Join(storeDir, spareDir),
+		log:  log,
+		ch:   make(chan spareFile, n-1), // plus the one the goroutine holds
+		kick: make(chan struct{}, 1),
+		stop: make(chan struct{}),
+		done: make(chan struct{}),
+	}
+	names, err := readNames(p.dir)
+	if err != nil {
+		return nil, fmt.Errorf("read the spare files' directory: %w", err)
+	}
+	for _, name := range names {
+		// Unlink only: a name left by a power cut may be a second link
+		// to a message's body, which must stay as it is.
+		if err := os.Remove(p.dir + "/" + name); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("remove a spare file left by the last run: %w", err)
+		}
+	}
+	if err := os.Mkdir(p.dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return nil, fmt.Errorf("create the spare files' directory: %w", err)
+	}
+	go p.run()
+	return p, nil
+}
+
+// run creates spares until the pool is full, then waits for room.
+func (p *spares) run() {
+	defer close(p.done)
+	failed := false
+	for {
+		f, err := p.create()
+		if err != nil {
+			// A full disk, or no more inodes: publishes create their
+			// own files meanwhile, and the next one to find the pool
+			// empty wakes us.
+			if !failed {
+				p.log.Warn("cannot create spare body files; publishes create their own", logErr, err)
+				failed = true
+			}
+			select {
+			case <-p.kick:
+				continue
+			case <-p.stop:
+				return
+			}
+		}
+		failed = false
+		select {
+		case p.ch <- f:
+		case <-p.stop:
+			p.discard(f)
+			return
+		}
+	}
+}
+
+func (p *spares) create() (spareFile, error) {
+	for {
+		p.seq++
+		path := p.dir + "/" + strconv.FormatUint(p.seq, 10)
+		fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
+		if err == unix.EEXIST {
+			continue // not ours: a hand put it there; the next Open removes it
+		}
+		if err != nil {
+			return spareFile{}, &os.PathError{Op: "create", Path: path, Err: err}
+		}
+		return spareFile{path: path, fd: fd}, nil
+	}
+}
+
+// take hands out a spare, if one is ready. The caller writes it, closes
+// it and renames it into place, or discards it.
+func (p *spares) take() (spareFile, bool) {
+	if p == nil {
+		return spareFile{}, false
+	}
+	select {
+	case f := <-p.ch:
+		return f, true
+	default:
+		select {
+		case p.kick <- struct{}{}:
+		default:
+		}
+		return spareFile{}, false
+	}
+}
+
+// discard removes a spare that will not be used.
+func (p *spares) discard(f spareFile) {
+	unix.Close(f.fd)
+	unix.Unlink(f.path)
+}
+
+// close stops the goroutine and removes the spares left.
+func (p *spares) close() {
+	if p == nil {
+		return
+	}
+	close(p.stop)
+	<-p.done
+	for {
+		select {
+		case f := <-p.ch:
+			p.discard(f)
+		default:
+			return
+		}
+	}
+}
