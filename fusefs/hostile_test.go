@@ -765,7 +765,7 @@ func checkNothingOutside(t *testing.T, d *testenv.Daemon) {
 	}
 	for _, n := range top {
 		switch n {
-		case "LOCK", "snapshot", "journal", "journal.old", "queues", "trash", "lost+found", queuecore.ReserveName, "staged":
+		case "LOCK", "snapshot", "journal", "journal.old", "queues", "trash", "lost+found", queuecore.ReserveName, "staged", "spare":
 		default:
 			t.Errorf("fs store holds %q", n)
 		}
@@ -775,6 +775,14 @@ func checkNothingOutside(t *testing.T, d *testenv.Daemon) {
 	for _, n := range ls(t, filepath.Join(d.Store, "staged")) {
 		if _, err := strconv.ParseUint(n, 10, 64); err != nil {
 			t.Errorf("fs store holds staged/%q", n)
+		}
+	}
+	// Empty files made ahead for new bodies, numbered, and nothing else.
+	for _, n := range ls(t, filepath.Join(d.Store, "spare")) {
+		if _, err := strconv.ParseUint(n, 10, 64); err != nil {
+			t.Errorf("fs store holds spare/%q", n)
+		} else if fi, err := os.Stat(filepath.Join(d.Store, "spare", n)); err == nil && fi.Size() != 0 {
+			t.Errorf("fs store's spare/%s holds %d bytes", n, fi.Size())
 		}
 	}
 	for _, q := range ls(t, filepath.Join(d.Store, "queues")) {

@@ -20,8 +20,11 @@
 //	                              link to the body file until a snapshot holds
 //	                              that record
 //	DIR/spare/N                   empty files made ahead, which new body files
-//	                              are written into and renamed from (spare.go);
-//	                              what is left is removed at Open and at Close
+//	                              are written into and renamed from (spare.go),
+//	                              so a body file has the attributes a file
+//	                              created in DIR/spare gets (default ACL,
+//	                              group); what is left is removed at Open
+//	                              and at Close
 //	DIR/trash/                    queue directories being removed after a
 //	                              DeleteQueue (emptied in the background and at Open)
 //	DIR/lost+found/               files found at Open that no metadata

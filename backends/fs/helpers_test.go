@@ -75,7 +75,7 @@ func crash(t testing.TB, s *Store) {
 	s.inflight.Wait()
 	s.bg.Wait()
 	s.trashWG.Wait()
-	s.spares.close() // a killed process leaves its spares: TestSparesLeftAtOpen
+	s.spares.halt(false) // a killed process leaves its spares for the next Open
 	if err := s.cur.Load().f.Close(); err != nil {
 		t.Fatalf("close journal: %v", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -18,14 +19,15 @@ import (
 // Every message's body is a new file, so every publish allocates an inode
 // and every ack frees one. On ext4 without a journal (common on devices,
 // and on the machines the benchmarks ran on) the kernel does not reuse an
-// inode freed in the last 5 seconds, or the last 5 minutes while its inode
-// table block is not written back yet, and it looks at every such free
-// inode, one by one, before it takes a fresh one (ext4's find_inode_bit and
-// recently_deleted). After a few thousand messages a second that scan costs
-// a create about 0.8 ms of CPU, which a publish at close(2) waited for.
-// A goroutine now pays it ahead, while the daemon waits for work, and
-// keeps spareCount open files ready; a publish takes one, or creates its
-// file as before when none is left (a burst).
+// inode freed in the last minute, or the last five while its inode table
+// block is not written back yet, and it looks at every such free inode,
+// one by one, before it takes a fresh one (ext4's find_inode_bit and
+// recently_deleted). After a few thousand messages a second that scan
+// costs a create about 0.8 ms of CPU, which a publish at close(2) waited
+// for. A goroutine now pays it ahead, on another CPU or while the daemon
+// waits for work, and keeps spareCount open files ready; a publish takes
+// one, or creates its file as before when none is left (a burst). The CPU
+// is the same; the publish does not wait for it.
 //
 // A spare is never a file a reader has seen: it is created empty by this
 // process and only ever renamed away from DIR/spare. What is left in
@@ -52,38 +54,55 @@ type spares struct {
 	stop chan struct{}
 	done chan struct{}
 	seq  uint64
+	off  atomic.Bool // failed: take hands out nothing
 }
 
 // startSpares empties DIR/spare (what a crash left) and starts filling it.
 // n is the pool's size; with n <= 0 there is no pool (take finds none).
 func startSpares(storeDir string, n int, log *slog.Logger) (*spares, error) {
-	if n <= 0 {
-		return nil, nil
+	dir := filepath.Join(storeDir, spareDir)
+	if fi, err := os.Lstat(dir); err == nil && !fi.IsDir() {
+		return nil, fmt.Errorf("%s is not a directory (%s); the store leaves it alone", dir, fi.Mode().Type())
 	}
-	p := &spares{
-		dir:  filepath.Join(storeDir, spareDir),
-		log:  log,
-		ch:   make(chan spareFile, n-1), // plus the one the goroutine holds
-		kick: make(chan struct{}, 1),
-		stop: make(chan struct{}),
-		done: make(chan struct{}),
-	}
-	names, err := readNames(p.dir)
+	names, err := readNames(dir)
 	if err != nil {
 		return nil, fmt.Errorf("read the spare files' directory: %w", err)
 	}
 	for _, name := range names {
 		// Unlink only: a name left by a power cut may be a second link
 		// to a message's body, which must stay as it is.
-		if err := os.Remove(p.dir + "/" + name); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := os.Remove(dir + "/" + name); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("remove a spare file left by the last run: %w", err)
 		}
 	}
-	if err := os.Mkdir(p.dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+	if n <= 0 {
+		return nil, nil
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, fmt.Errorf("create the spare files' directory: %w", err)
+	}
+	p := &spares{
+		dir:  dir,
+		log:  log,
+		ch:   make(chan spareFile, n-1), // plus the one the goroutine holds
+		kick: make(chan struct{}, 1),
+		stop: make(chan struct{}),
+		done: make(chan struct{}),
 	}
 	go p.run()
 	return p, nil
+}
+
+// failed turns the pool off for the rest of the run after a spare could
+// not become a body for a reason other than space (a rename between
+// spare/ and a queue's directory refused, EXDEV, by a per-directory quota
+// or encryption; a spare removed by hand): publishes create their own
+// files from then on. Said once.
+func (p *spares) failed(err error) {
+	if p.off.Swap(true) {
+		return
+	}
+	p.log.Warn("spare body files turned off; publishes create their own", logErr, err)
 }
 
 // run creates spares until the pool is full, then waits for room.
@@ -135,7 +154,7 @@ func (p *spares) create() (spareFile, error) {
 // take hands out a spare, if one is ready. The caller writes it, closes
 // it and renames it into place, or discards it.
 func (p *spares) take() (spareFile, bool) {
-	if p == nil {
+	if p == nil || p.off.Load() {
 		return spareFile{}, false
 	}
 	select {
@@ -157,7 +176,11 @@ func (p *spares) discard(f spareFile) {
 }
 
 // close stops the goroutine and removes the spares left.
-func (p *spares) close() {
+func (p *spares) close() { p.halt(true) }
+
+// halt stops the goroutine and closes the spares left; remove removes
+// them too (a test's kill -9 leaves them).
+func (p *spares) halt(remove bool) {
 	if p == nil {
 		return
 	}
@@ -166,7 +189,10 @@ func (p *spares) close() {
 	for {
 		select {
 		case f := <-p.ch:
-			p.discard(f)
+			unix.Close(f.fd)
+			if remove {
+				unix.Unlink(f.path)
+			}
 		default:
 			return
 		}

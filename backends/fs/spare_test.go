@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -138,4 +139,36 @@ func TestSparesLeftAtOpen(t *testing.T) {
 		t.Errorf("body file: %v, %d links; want 1", err, st.Nlink)
 	}
 	spareInodes(t, dir, 2)
+}
+
+// A spare that cannot become a body for a reason other than space (here:
+// removed by hand) turns the pool off; the body is written in place.
+func TestSparesFailedFallsBack(t *testing.T) {
+	dir := t.TempDir()
+	var log logBuffer
+	s := openTest(t, dir, queuecore.SyncNormal, config{spares: 2}, &log)
+	mustPutQueues(t, s, "q")
+	spareInodes(t, dir, 2)
+	sp := filepath.Join(dir, spareDir)
+	names, err := readNames(sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		if err := os.Remove(sp + "/" + n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for id := uint64(1); id <= 3; id++ {
+		m := tmsg(id, "q", "m"+string(rune('0'+id)), queuecore.StateReady)
+		mustApply(t, s, tins(m))
+		wantMessage(t, s, m, tbody(id))
+	}
+	wantTree(t, dir, "q/inbox/m1", "q/inbox/m2", "q/inbox/m3")
+	if !strings.Contains(log.String(), "spare body files turned off") {
+		t.Errorf("no log line about the pool turned off:\n%s", log.String())
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
 }
