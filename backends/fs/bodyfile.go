@@ -21,7 +21,7 @@ var _ queuecore.BodyFiler = (*Store)(nil)
 // only while the record is not durable yet, the disk is too full for the
 // file, or the store has failed (then the body is read from memory).
 // The file is checked to be the message's: its size, and its ID xattr
-// where it has one. Body files are written to a temp file
+// where it has one. Body files are written to a new file (a spare, or a temp file)
 // and renamed into place, never changed in place, so the bytes behind the
 // descriptor stay the message's whatever happens to the name afterwards
 // (a lease renames it, an ack unlinks it, a new message may take the name).

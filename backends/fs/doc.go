@@ -72,7 +72,8 @@
 // everyone whose record was written before it started (group commit), so N
 // concurrent commits share one fsync. SyncNormal and SyncOff do not sync: a
 // write(2) survives a kill -9. Only once the record is durable are the file
-// operations done (body written to a temp file and renamed into place,
+// operations done (body written to a new file, a spare made ahead or a
+// temp file, and renamed into place,
 // renamed between state directories, unlinked), in journal order by
 // whichever caller gets there first. A body file is therefore never removed
 // or replaced before the record that says so is durable, and until the
