@@ -72,14 +72,7 @@ func (n *msgNode) show(out *fuse.Attr, cached bool) {
 // attributes the kernel may keep, that such an answer is on its way: a
 // lease that looks at shown meanwhile must not count on the kernel having
 // none, since the answer, read before the lease, may arrive after it.
-func (n *msgNode) mayCache() {
-	for {
-		old := n.shown.Load()
-		if old&shownCached != 0 || n.shown.CompareAndSwap(old, old|shownCached) {
-			return
-		}
-	}
-}
+func (n *msgNode) mayCache() { n.shown.Or(shownCached) }
 
 // attrsStillRight reports whether the kernel holds no attributes of n
 // that the lease of m made wrong: n stands for m, every answer for n had

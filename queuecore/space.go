@@ -205,7 +205,9 @@ func (sp *space) admit(n int64) error {
 
 // setLow records a crossing of the floor with one log line.
 func (sp *space) setLow(low bool, free, floor int64) {
-	if sp.low.Swap(low) == low {
+	// Every admitted publish calls this: a load, not a write, when
+	// nothing changes.
+	if sp.low.Load() == low || sp.low.Swap(low) == low {
 		return
 	}
 	if low {
