@@ -777,12 +777,19 @@ func checkNothingOutside(t *testing.T, d *testenv.Daemon) {
 			t.Errorf("fs store holds staged/%q", n)
 		}
 	}
-	// Empty files made ahead for new bodies, numbered, and nothing else.
-	for _, n := range ls(t, filepath.Join(d.Store, "spare")) {
-		if _, err := strconv.ParseUint(n, 10, 64); err != nil {
-			t.Errorf("fs store holds spare/%q", n)
-		} else if fi, err := os.Stat(filepath.Join(d.Store, "spare", n)); err == nil && fi.Size() != 0 {
-			t.Errorf("fs store's spare/%s holds %d bytes", n, fi.Size())
+	// Empty files made ahead for new bodies, numbered, in numbered
+	// directories, and nothing else.
+	for _, sub := range ls(t, filepath.Join(d.Store, "spare")) {
+		if _, err := strconv.ParseUint(sub, 10, 64); err != nil {
+			t.Errorf("fs store holds spare/%q", sub)
+			continue
+		}
+		for _, n := range ls(t, filepath.Join(d.Store, "spare", sub)) {
+			if _, err := strconv.ParseUint(n, 10, 64); err != nil {
+				t.Errorf("fs store holds spare/%s/%q", sub, n)
+			} else if fi, err := os.Stat(filepath.Join(d.Store, "spare", sub, n)); err == nil && fi.Size() != 0 {
+				t.Errorf("fs store's spare/%s/%s holds %d bytes", sub, n, fi.Size())
+			}
 		}
 	}
 	for _, q := range ls(t, filepath.Join(d.Store, "queues")) {

@@ -19,10 +19,12 @@
 //	                              SyncStrict, see Staged bodies below); a second
 //	                              link to the body file until a snapshot holds
 //	                              that record
-//	DIR/spare/N                   empty files made ahead, which new body files
+//	DIR/spare/K/N                 empty files made ahead, which new body files
 //	                              are written into and renamed from (spare.go),
+//	                              spread over K = 0 to 7 (DIR/spare is marked
+//	                              chattr +T where the file system knows it),
 //	                              so a body file has the attributes a file
-//	                              created in DIR/spare gets (default ACL,
+//	                              created in DIR/spare/K gets (default ACL,
 //	                              group); what is left is removed at Open
 //	                              and at Close
 //	DIR/trash/                    queue directories being removed after a

@@ -273,10 +273,10 @@ func (s *Store) writeBody(path string, id uint64, body []byte) error {
 	s.dirty.wrote(id)
 	if sp, ok := s.spares.take(); ok {
 		// The rename's old name goes with the next checkpoint's sync
-		// of spare/, so that no power cut after it leaves a second,
+		// of spare/K, so that no power cut after it leaves a second,
 		// uncounted name of the body there (on a disk without a
 		// journal the two directories are written back in any order).
-		s.dirty.dir(s.spares.dir)
+		s.dirty.dir(filepath.Dir(sp.path))
 		err := s.writeWithID(sp.fd, id, body)
 		if cerr := unix.Close(sp.fd); err == nil {
 			err = cerr

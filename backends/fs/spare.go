@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -29,14 +30,28 @@ import (
 // one, or creates its file as before when none is left (a burst). The CPU
 // is the same; the publish does not wait for it.
 //
+// The CPU of that scan grows with the number of inodes freed lately in
+// the block group a create looks in, which for a file is its directory's.
+// So the spares are spread over spareDirs directories, DIR/spare/K, in
+// turn (makeSubs), and DIR/spare is marked for the kernel to place
+// its subdirectories in block groups apart (ext4's FS_TOPDIR_FL, chattr
+// +T; best effort, other file systems ignore or refuse it). A body keeps
+// its inode when it is renamed into a queue, so the inodes its ack frees
+// are spread the same way, and each create scans about an eighth of them
+// (measured on this disk, after 20,000 files created and deleted: 150-160
+// µs of CPU per create in one directory, 37-40 µs over eight).
+//
 // A spare is never a file a reader has seen: it is created empty by this
-// process and only ever renamed away from DIR/spare. What is left in
-// DIR/spare at Open (a crash, or a power cut after a rename whose old name
-// was not synced, which leaves a second link to a body) is removed there,
-// name by name, without opening anything.
+// process and only ever renamed away from DIR/spare/K. What is left there
+// at Open (a crash, or a power cut after a rename whose old name was not
+// synced, which leaves a second link to a body) is removed, name by name,
+// without opening anything.
 const (
 	spareDir   = "spare"
 	spareCount = 16
+	spareDirs  = 8
+	// fsTopdirFL is FS_TOPDIR_FL of linux/fs.h (not in x/sys/unix).
+	fsTopdirFL = 0x00020000
 )
 
 // spareFile is a created empty file, open for writing.
@@ -48,6 +63,7 @@ type spareFile struct {
 // spares is the pool and the goroutine that fills it.
 type spares struct {
 	dir  string
+	subs [spareDirs]string // DIR/spare/K, used in turn
 	log  *slog.Logger
 	ch   chan spareFile // the pool; the goroutine blocks sending when it is full
 	kick chan struct{}  // wakes a goroutine that stopped after an error
@@ -64,16 +80,8 @@ func startSpares(storeDir string, n int, log *slog.Logger) (*spares, error) {
 	if fi, err := os.Lstat(dir); err == nil && !fi.IsDir() {
 		return nil, fmt.Errorf("%s is not a directory (%s); the store leaves it alone", dir, fi.Mode().Type())
 	}
-	names, err := readNames(dir)
-	if err != nil {
-		return nil, fmt.Errorf("read the spare files' directory: %w", err)
-	}
-	for _, name := range names {
-		// Unlink only: a name left by a power cut may be a second link
-		// to a message's body, which must stay as it is.
-		if err := os.Remove(dir + "/" + name); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("remove a spare file left by the last run: %w", err)
-		}
+	if err := clearSpares(dir); err != nil {
+		return nil, err
 	}
 	if n <= 0 {
 		return nil, nil
@@ -81,6 +89,7 @@ func startSpares(storeDir string, n int, log *slog.Logger) (*spares, error) {
 	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, fmt.Errorf("create the spare files' directory: %w", err)
 	}
+	markTopDir(dir) // before its subdirectories are made
 	p := &spares{
 		dir:  dir,
 		log:  log,
@@ -89,8 +98,104 @@ func startSpares(storeDir string, n int, log *slog.Logger) (*spares, error) {
 		stop: make(chan struct{}),
 		done: make(chan struct{}),
 	}
+	if err := p.makeSubs(); err != nil {
+		return nil, err
+	}
 	go p.run()
 	return p, nil
+}
+
+// makeSubs finds the subdirectories of DIR/spare that the last run used,
+// and makes new ones up to spareDirs. A new one is named by a random
+// number: ext4 places a subdirectory of a +T directory by a hash of its
+// name, so fixed names would put the spares of every store on the file
+// system (and of a store made again) in the same block groups, where the
+// others' deletes slow each create down again.
+func (p *spares) makeSubs() error {
+	names, err := readNames(p.dir)
+	if err != nil {
+		return fmt.Errorf("read the spare files' directory: %w", err)
+	}
+	n := 0
+	for _, name := range names {
+		if _, err := strconv.ParseUint(name, 10, 32); err != nil {
+			continue // not ours; left alone
+		}
+		if n == spareDirs {
+			_ = os.Remove(p.dir + "/" + name) // one too many, emptied by clearSpares
+			continue
+		}
+		p.subs[n] = p.dir + "/" + name
+		n++
+	}
+	for n < spareDirs {
+		sub := p.dir + "/" + strconv.FormatUint(uint64(rand.Uint32()), 10)
+		err := os.Mkdir(sub, 0o700)
+		if errors.Is(err, os.ErrExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("create the spare files' directory: %w", err)
+		}
+		p.subs[n] = sub
+		n++
+	}
+	return nil
+}
+
+// clearSpares unlinks what a crash left in DIR/spare and in its
+// subdirectories (and the spares of a version that kept them in DIR/spare
+// itself), name by name: a name left by a power cut may be a second link
+// to a message's body, which must stay as it is. Directories stay; one
+// made by hand inside a subdirectory is left alone.
+func clearSpares(dir string) error {
+	names, err := readNames(dir)
+	if err != nil {
+		return fmt.Errorf("read the spare files' directory: %w", err)
+	}
+	for _, name := range names {
+		p := dir + "/" + name
+		fi, err := os.Lstat(p)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("remove a spare file left by the last run: %w", err)
+		}
+		if !fi.IsDir() {
+			if err := unix.Unlink(p); err != nil && err != unix.ENOENT {
+				return fmt.Errorf("remove a spare file left by the last run: %w", &os.PathError{Op: "unlink", Path: p, Err: err})
+			}
+			continue
+		}
+		inner, err := readNames(p)
+		if err != nil {
+			return fmt.Errorf("read the spare files' directory: %w", err)
+		}
+		for _, in := range inner {
+			if err := unix.Unlink(p + "/" + in); err != nil && err != unix.ENOENT && err != unix.EISDIR {
+				return fmt.Errorf("remove a spare file left by the last run: %w", &os.PathError{Op: "unlink", Path: p + "/" + in, Err: err})
+			}
+		}
+	}
+	return nil
+}
+
+// markTopDir asks the file system to place dir's new subdirectories in
+// block groups apart (FS_TOPDIR_FL, chattr +T; ext2/3/4). Best effort:
+// elsewhere the flag is refused or means nothing, and the spares work
+// as well, only not spread.
+func markTopDir(dir string) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	flags, err := unix.IoctlGetUint32(fd, unix.FS_IOC_GETFLAGS)
+	if err != nil || flags&fsTopdirFL != 0 {
+		return
+	}
+	_ = unix.IoctlSetPointerInt(fd, unix.FS_IOC_SETFLAGS, int(flags|fsTopdirFL))
 }
 
 // failed turns the pool off for the rest of the run after a spare could
@@ -137,12 +242,22 @@ func (p *spares) run() {
 }
 
 func (p *spares) create() (spareFile, error) {
+	remade := false
 	for {
 		p.seq++
-		path := p.dir + "/" + strconv.FormatUint(p.seq, 10)
+		sub := p.subs[p.seq%spareDirs]
+		path := sub + "/" + strconv.FormatUint(p.seq, 10)
 		fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
 		if err == unix.EEXIST {
 			continue // not ours: a hand put it there; the next Open removes it
+		}
+		if err == unix.ENOENT && !remade {
+			// Removed by hand: made again, once per spare.
+			remade = true
+			p.seq--
+			if err := os.Mkdir(sub, 0o700); err == nil || errors.Is(err, os.ErrExist) {
+				continue
+			}
 		}
 		if err != nil {
 			return spareFile{}, &os.PathError{Op: "create", Path: path, Err: err}

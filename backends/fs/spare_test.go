@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -13,32 +14,61 @@ import (
 	"yirangmq/queuecore"
 )
 
-// spareInodes waits until DIR/spare holds n files and returns their inodes.
-func spareInodes(t *testing.T, dir string, n int) []uint64 {
+// spareFiles lists the files of DIR/spare/K (and fails on anything else:
+// a file in DIR/spare itself, a directory that is not a number, or more
+// than spareDirs of them).
+func spareFiles(t *testing.T, dir string) []string {
 	t.Helper()
 	p := filepath.Join(dir, spareDir)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		names, err := readNames(p)
+	subs, err := readNames(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(subs) > spareDirs {
+		t.Fatalf("DIR/spare holds %d directories, want at most %d", len(subs), spareDirs)
+	}
+	var files []string
+	for _, sub := range subs {
+		fi, err := os.Lstat(p + "/" + sub)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(names) >= n {
+		if _, err := strconv.ParseUint(sub, 10, 32); err != nil || !fi.IsDir() {
+			t.Fatalf("DIR/spare holds %s (%s); want only numbered directories", sub, fi.Mode().Type())
+		}
+		names, err := readNames(p + "/" + sub)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range names {
+			files = append(files, p+"/"+sub+"/"+name)
+		}
+	}
+	return files
+}
+
+// spareInodes waits until DIR/spare holds n files and returns their inodes.
+func spareInodes(t *testing.T, dir string, n int) []uint64 {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		files := spareFiles(t, dir)
+		if len(files) >= n {
 			var inos []uint64
-			for _, name := range names {
+			for _, f := range files {
 				var st unix.Stat_t
-				if err := unix.Stat(p+"/"+name, &st); err != nil {
+				if err := unix.Stat(f, &st); err != nil {
 					t.Fatal(err)
 				}
 				if st.Size != 0 || st.Nlink != 1 {
-					t.Errorf("spare %s: %d bytes, %d links; want an empty file of one link", name, st.Size, st.Nlink)
+					t.Errorf("spare %s: %d bytes, %d links; want an empty file of one link", f, st.Size, st.Nlink)
 				}
 				inos = append(inos, st.Ino)
 			}
 			return inos
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("DIR/spare holds %d files after 10 s, want %d", len(names), n)
+			t.Fatalf("DIR/spare holds %d files after 10 s, want %d", len(files), n)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -87,8 +117,8 @@ func TestSparesUsedForBodies(t *testing.T) {
 			if err := s.Close(); err != nil {
 				t.Fatal(err)
 			}
-			if names, err := readNames(filepath.Join(dir, spareDir)); err != nil || len(names) != 0 {
-				t.Errorf("DIR/spare after Close: %v, %v; want empty", names, err)
+			if files := spareFiles(t, dir); len(files) != 0 {
+				t.Errorf("DIR/spare after Close: %v; want no files", files)
 			}
 		})
 	}
@@ -118,20 +148,33 @@ func TestSparesLeftAtOpen(t *testing.T) {
 	mustPutQueues(t, s, "q")
 	m := tmsg(1, "q", "m", queuecore.StateReady)
 	mustApply(t, s, tins(m))
+	subs := s.spares.subs
 	crash(t, s)
 	sp := filepath.Join(dir, spareDir)
 	body := s.bodyPath("q", queuecore.StateReady, "m")
-	if err := os.Link(body, sp+"/linked"); err != nil {
+	// A second link kept by a power cut, a half-written spare, and a
+	// spare of a version that kept them in DIR/spare itself.
+	left := []string{subs[3] + "/linked", subs[5] + "/half", sp + "/7"}
+	if err := os.Link(body, left[0]); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(sp+"/half", []byte("half a body"), 0o600); err != nil {
+	if err := os.WriteFile(left[1], []byte("half a body"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(left[2], nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	s = openTest(t, dir, queuecore.SyncNormal, config{spares: 2}, nil)
-	for _, name := range []string{"linked", "half"} {
-		if _, err := os.Lstat(sp + "/" + name); err == nil {
-			t.Errorf("DIR/spare/%s is still there after Open", name)
+	for _, p := range left {
+		if _, err := os.Lstat(p); err == nil {
+			t.Errorf("%s is still there after Open", p)
 		}
+	}
+	got, want := s.spares.subs, subs
+	slices.Sort(got[:])
+	slices.Sort(want[:])
+	if got != want {
+		t.Errorf("spare directories after Open %v, want those of the last run %v", got, want)
 	}
 	wantMessage(t, s, m, tbody(1))
 	var st unix.Stat_t
@@ -149,13 +192,8 @@ func TestSparesFailedFallsBack(t *testing.T) {
 	s := openTest(t, dir, queuecore.SyncNormal, config{spares: 2}, &log)
 	mustPutQueues(t, s, "q")
 	spareInodes(t, dir, 2)
-	sp := filepath.Join(dir, spareDir)
-	names, err := readNames(sp)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range names {
-		if err := os.Remove(sp + "/" + n); err != nil {
+	for _, f := range spareFiles(t, dir) {
+		if err := os.Remove(f); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -170,5 +208,43 @@ func TestSparesFailedFallsBack(t *testing.T) {
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The spares are spread over DIR/spare/0 to 7 in turn, and on ext4
+// DIR/spare is marked so that the kernel places those directories in
+// block groups apart (chattr +T), where the inodes that acks free are
+// looked at by later creates.
+func TestSparesSpread(t *testing.T) {
+	dir := t.TempDir()
+	s := openTest(t, dir, queuecore.SyncNormal, config{spares: spareDirs}, nil)
+	mustPutQueues(t, s, "q")
+	spareInodes(t, dir, spareDirs)
+	used := map[string]bool{}
+	for _, f := range spareFiles(t, dir) {
+		used[filepath.Base(filepath.Dir(f))] = true
+	}
+	if len(used) != spareDirs {
+		t.Errorf("%d spares in %d directories, want one in each of %d", spareDirs, len(used), spareDirs)
+	}
+	var fsst unix.Statfs_t
+	if err := unix.Statfs(dir, &fsst); err != nil {
+		t.Fatal(err)
+	}
+	if fsst.Type != unix.EXT4_SUPER_MAGIC {
+		t.Logf("%s is not on ext4 (magic %#x): the directory's flag is not checked", dir, fsst.Type)
+		return
+	}
+	fd, err := unix.Open(filepath.Join(dir, spareDir), unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	flags, err := unix.IoctlGetUint32(fd, unix.FS_IOC_GETFLAGS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if flags&fsTopdirFL == 0 {
+		t.Errorf("DIR/spare flags %#x: no FS_TOPDIR_FL", flags)
 	}
 }

@@ -34,6 +34,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -70,7 +71,14 @@ type suiteConfig struct {
 
 	cacheTimeout          time.Duration
 	outDir, bin, workBase string
+	// only names the steps to run (their keys in suite.run); empty: all.
+	// For looking at one step; the goals of the steps left out are
+	// reported as not measured.
+	only []string
 }
+
+// suiteSteps are the keys of the suite's steps, in their order (--only).
+var suiteSteps = []string{"floor", "plain", "loopback", "mounts", "churn", "scale", "inproc", "goqite", "interleaved", "big", "latency", "mqueue", "inotify", "idle"}
 
 func defaultSuiteConfig(quick bool) suiteConfig {
 	c := suiteConfig{
@@ -120,6 +128,7 @@ func suiteMain(args []string) int {
 	fl.StringVar(&cfg.bin, "bin", "", "yirangmq binary (default: build ./cmd/yirangmq of this checkout)")
 	fl.StringVar(&cfg.workBase, "workdir", cfg.workBase, "where to make the working directory (same disk as the stores; not under $TMPDIR, whose mounts tests may sweep)")
 	fl.BoolVar(&cfg.keep, "keep", false, "keep the working directory (daemon logs, stores)")
+	fl.StringSliceVar(&cfg.only, "only", nil, "run only these steps ("+strings.Join(suiteSteps, ", ")+"; the floor always runs); for looking at one step, the goals of the others are not measured")
 	if err := fl.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return 0
@@ -128,6 +137,12 @@ func suiteMain(args []string) int {
 	}
 	if cfg.million {
 		cfg.ready = 1_000_000
+	}
+	for _, k := range cfg.only {
+		if !slices.Contains(suiteSteps, k) {
+			fmt.Fprintf(os.Stderr, "mountbench suite: --only %s: no such step (%s)\n", k, strings.Join(suiteSteps, ", "))
+			return 2
+		}
 	}
 	for _, n := range cfg.clients {
 		if n < 1 || n > 256 {
@@ -260,25 +275,29 @@ func (s *suite) run(ctx context.Context) error {
 		MessageBytes: msgSize, CacheTimeout: s.cfg.cacheTimeout.String(), CountSource: b.res.CountSource,
 	}
 	steps := []struct {
-		name string
-		run  func(context.Context) error
+		key, name string
+		run       func(context.Context) error
 	}{
-		{"FUSE request floor", s.runFloorStart},
-		{"plain directory", s.runPlain},
-		{"go-fuse loopback", s.runLoopback},
-		{"yirangmq mounts", s.runMounts},
-		{"many messages through the mount", s.runChurn},
-		{"many ready messages", s.runScale},
-		{"queuecore in process", s.runInproc},
-		{"goqite-style queue", s.runGoqite},
-		{"goal ratios, interleaved", s.runInterleaved},
-		{"1 MiB messages", s.runBig},
-		{"latency under a paced load", s.runLatency},
-		{"POSIX mqueue", s.runMQueue},
-		{"inotify wake-up", s.runInotify},
-		{"idle daemons", s.runIdle},
+		{"floor", "FUSE request floor", s.runFloorStart},
+		{"plain", "plain directory", s.runPlain},
+		{"loopback", "go-fuse loopback", s.runLoopback},
+		{"mounts", "yirangmq mounts", s.runMounts},
+		{"churn", "many messages through the mount", s.runChurn},
+		{"scale", "many ready messages", s.runScale},
+		{"inproc", "queuecore in process", s.runInproc},
+		{"goqite", "goqite-style queue", s.runGoqite},
+		{"interleaved", "goal ratios, interleaved", s.runInterleaved},
+		{"big", "1 MiB messages", s.runBig},
+		{"latency", "latency under a paced load", s.runLatency},
+		{"mqueue", "POSIX mqueue", s.runMQueue},
+		{"inotify", "inotify wake-up", s.runInotify},
+		{"idle", "idle daemons", s.runIdle},
 	}
 	for _, st := range steps {
+		// The floor's mount is what later steps probe: it always runs.
+		if len(s.cfg.only) > 0 && st.key != "floor" && !slices.Contains(s.cfg.only, st.key) {
+			continue
+		}
 		t0 := time.Now()
 		s.logf("== %s", st.name)
 		if err := st.run(ctx); err != nil {
