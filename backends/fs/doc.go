@@ -21,7 +21,8 @@
 //	                              that record
 //	DIR/spare/K/N                 empty files made ahead, which new body files
 //	                              are written into and renamed from (spare.go),
-//	                              spread over K = 0 to 7 (DIR/spare is marked
+//	                              spread over 8 directories K, each named by a
+//	                              random number when made (DIR/spare is marked
 //	                              chattr +T where the file system knows it),
 //	                              so a body file has the attributes a file
 //	                              created in DIR/spare/K gets (default ACL,

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
+
+	"yirangmq/backends"
 )
 
 // Spare files: empty files created ahead of need in DIR/spare, which
@@ -86,7 +88,9 @@ func startSpares(storeDir string, n int, log *slog.Logger) (*spares, error) {
 	if n <= 0 {
 		return nil, nil
 	}
-	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+	if err := os.Mkdir(dir, 0o700); err == nil {
+		_ = backends.SyncDir(storeDir)
+	} else if !errors.Is(err, os.ErrExist) {
 		return nil, fmt.Errorf("create the spare files' directory: %w", err)
 	}
 	markTopDir(dir) // before its subdirectories are made
@@ -116,18 +120,25 @@ func (p *spares) makeSubs() error {
 	if err != nil {
 		return fmt.Errorf("read the spare files' directory: %w", err)
 	}
-	n := 0
+	n, made := 0, false
 	for _, name := range names {
-		if _, err := strconv.ParseUint(name, 10, 32); err != nil {
+		if !isSpareSub(p.dir, name) {
 			continue // not ours; left alone
 		}
 		if n == spareDirs {
-			_ = os.Remove(p.dir + "/" + name) // one too many, emptied by clearSpares
+			_ = unix.Rmdir(p.dir + "/" + name) // one too many, emptied by clearSpares
 			continue
 		}
 		p.subs[n] = p.dir + "/" + name
 		n++
 	}
+	defer func() {
+		// A new directory's name is made durable before a body is
+		// renamed out of it.
+		if made {
+			_ = backends.SyncDir(p.dir)
+		}
+	}()
 	for n < spareDirs {
 		sub := p.dir + "/" + strconv.FormatUint(uint64(rand.Uint32()), 10)
 		err := os.Mkdir(sub, 0o700)
@@ -139,15 +150,27 @@ func (p *spares) makeSubs() error {
 		}
 		p.subs[n] = sub
 		n++
+		made = true
 	}
 	return nil
 }
 
+// isSpareSub reports whether DIR/spare/name is one of the spare files'
+// directories: a directory with a number for a name.
+func isSpareSub(dir, name string) bool {
+	if _, err := strconv.ParseUint(name, 10, 32); err != nil {
+		return false
+	}
+	fi, err := os.Lstat(dir + "/" + name)
+	return err == nil && fi.IsDir()
+}
+
 // clearSpares unlinks what a crash left in DIR/spare and in its
-// subdirectories (and the spares of a version that kept them in DIR/spare
-// itself), name by name: a name left by a power cut may be a second link
-// to a message's body, which must stay as it is. Directories stay; one
-// made by hand inside a subdirectory is left alone.
+// numbered subdirectories (and the spares of a version that kept them in
+// DIR/spare itself), name by name: a name left by a power cut may be a
+// second link to a message's body, which must stay as it is. Directories
+// stay; one not named by a number, or one inside a subdirectory, is made
+// by hand and left alone with what it holds.
 func clearSpares(dir string) error {
 	names, err := readNames(dir)
 	if err != nil {
@@ -167,6 +190,9 @@ func clearSpares(dir string) error {
 				return fmt.Errorf("remove a spare file left by the last run: %w", &os.PathError{Op: "unlink", Path: p, Err: err})
 			}
 			continue
+		}
+		if !isSpareSub(dir, name) {
+			continue // made by hand: left alone
 		}
 		inner, err := readNames(p)
 		if err != nil {
@@ -256,6 +282,7 @@ func (p *spares) create() (spareFile, error) {
 			remade = true
 			p.seq--
 			if err := os.Mkdir(sub, 0o700); err == nil || errors.Is(err, os.ErrExist) {
+				_ = backends.SyncDir(p.dir)
 				continue
 			}
 		}

@@ -103,6 +103,21 @@ func TestSparesUsedForBodies(t *testing.T) {
 					t.Fatalf("body file %s = %q, %v; want %q", p, got, err, tbody(id))
 				}
 				bodies = append(bodies, ino(t, p))
+				if id == 1 {
+					// The spare's old name goes with the next
+					// checkpoint's sync of its directory.
+					s.dirty.mu.Lock()
+					var noted []string
+					for _, sub := range s.spares.subs {
+						if _, ok := s.dirty.dirs[sub]; ok {
+							noted = append(noted, sub)
+						}
+					}
+					s.dirty.mu.Unlock()
+					if len(noted) != 1 {
+						t.Errorf("spare directories noted for the checkpoint's sync after one body: %v, want one", noted)
+					}
+				}
 			}
 			for _, b := range bodies {
 				if !slices.Contains(spares, b) {
@@ -211,7 +226,7 @@ func TestSparesFailedFallsBack(t *testing.T) {
 	}
 }
 
-// The spares are spread over DIR/spare/0 to 7 in turn, and on ext4
+// The spares are spread over DIR/spare/K in turn, and on ext4
 // DIR/spare is marked so that the kernel places those directories in
 // block groups apart (chattr +T), where the inodes that acks free are
 // looked at by later creates.
@@ -246,5 +261,63 @@ func TestSparesSpread(t *testing.T) {
 	}
 	if flags&fsTopdirFL == 0 {
 		t.Errorf("DIR/spare flags %#x: no FS_TOPDIR_FL", flags)
+	}
+}
+
+// The layout of the version before spare directories (spare/N files) is
+// removed at Open, a second link to a body by unlink only; directories
+// made by hand stay with what they hold.
+func TestSparesOldLayout(t *testing.T) {
+	dir := t.TempDir()
+	s := openTest(t, dir, queuecore.SyncNormal, config{spares: 2}, nil)
+	mustPutQueues(t, s, "q")
+	m := tmsg(1, "q", "m", queuecore.StateReady)
+	mustApply(t, s, tins(m))
+	crash(t, s)
+	sp := filepath.Join(dir, spareDir)
+	if err := os.RemoveAll(sp); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{sp, sp + "/mine", sp + "/123/456"} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	body := s.bodyPath("q", queuecore.StateReady, "m")
+	if err := os.Link(body, sp+"/7"); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{sp + "/12", sp + "/mine/keep"} {
+		if err := os.WriteFile(f, []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s = openTest(t, dir, queuecore.SyncNormal, config{spares: 2}, nil)
+	for _, p := range []string{sp + "/7", sp + "/12"} {
+		if _, err := os.Lstat(p); err == nil {
+			t.Errorf("%s is still there after Open", p)
+		}
+	}
+	for _, p := range []string{sp + "/mine/keep", sp + "/123/456"} {
+		if _, err := os.Lstat(p); err != nil {
+			t.Errorf("%s made by hand: %v; want it left alone", p, err)
+		}
+	}
+	wantMessage(t, s, m, tbody(1))
+	var st unix.Stat_t
+	if err := unix.Stat(body, &st); err != nil || st.Nlink != 1 {
+		t.Errorf("body file: %v, %d links; want 1", err, st.Nlink)
+	}
+	var subs int
+	for _, sub := range s.spares.subs {
+		if fi, err := os.Lstat(sub); err == nil && fi.IsDir() {
+			subs++
+		}
+	}
+	if subs != spareDirs {
+		t.Errorf("%d spare directories after Open, want %d", subs, spareDirs)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
 	}
 }
