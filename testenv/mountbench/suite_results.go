@@ -446,7 +446,9 @@ func (r *suiteResults) computeGoals() []goal {
 
 func (r *suiteResults) clientCounts() []int {
 	var cs []int
-	for _, x := range r.Rows {
+	// The interleaved rows too: with --only interleaved they are all
+	// there is.
+	for _, x := range slices.Concat(r.Rows, r.Interleaved) {
 		if !slices.Contains(cs, x.Clients) {
 			cs = append(cs, x.Clients)
 		}
