@@ -77,8 +77,41 @@ type suiteConfig struct {
 	only []string
 }
 
-// suiteSteps are the keys of the suite's steps, in their order (--only).
-var suiteSteps = []string{"floor", "plain", "loopback", "mounts", "churn", "scale", "inproc", "goqite", "interleaved", "big", "latency", "mqueue", "inotify", "idle"}
+// suiteStep is one step of the suite; key names it for --only.
+type suiteStep struct {
+	key, name string
+	run       func(context.Context) error
+}
+
+// steps are the suite's steps, in their order. A nil s gives their keys
+// and names (the run funcs are then not to be called).
+func (s *suite) steps() []suiteStep {
+	return []suiteStep{
+		{"floor", "FUSE request floor", s.runFloorStart},
+		{"plain", "plain directory", s.runPlain},
+		{"loopback", "go-fuse loopback", s.runLoopback},
+		{"mounts", "yirangmq mounts", s.runMounts},
+		{"churn", "many messages through the mount", s.runChurn},
+		{"scale", "many ready messages", s.runScale},
+		{"inproc", "queuecore in process", s.runInproc},
+		{"goqite", "goqite-style queue", s.runGoqite},
+		{"interleaved", "goal ratios, interleaved", s.runInterleaved},
+		{"big", "1 MiB messages", s.runBig},
+		{"latency", "latency under a paced load", s.runLatency},
+		{"mqueue", "POSIX mqueue", s.runMQueue},
+		{"inotify", "inotify wake-up", s.runInotify},
+		{"idle", "idle daemons", s.runIdle},
+	}
+}
+
+// stepKeys are the keys of the suite's steps, in their order (--only).
+func stepKeys() []string {
+	var keys []string
+	for _, st := range (*suite)(nil).steps() {
+		keys = append(keys, st.key)
+	}
+	return keys
+}
 
 func defaultSuiteConfig(quick bool) suiteConfig {
 	c := suiteConfig{
@@ -128,7 +161,7 @@ func suiteMain(args []string) int {
 	fl.StringVar(&cfg.bin, "bin", "", "yirangmq binary (default: build ./cmd/yirangmq of this checkout)")
 	fl.StringVar(&cfg.workBase, "workdir", cfg.workBase, "where to make the working directory (same disk as the stores; not under $TMPDIR, whose mounts tests may sweep)")
 	fl.BoolVar(&cfg.keep, "keep", false, "keep the working directory (daemon logs, stores)")
-	fl.StringSliceVar(&cfg.only, "only", nil, "run only these steps ("+strings.Join(suiteSteps, ", ")+"; the floor always runs); for looking at one step: the goals of the others are not measured, and nothing is written to --out-dir")
+	fl.StringSliceVar(&cfg.only, "only", nil, "run only these steps ("+strings.Join(stepKeys(), ", ")+"; the floor always runs); for looking at one step: the goals of the others are not measured, and nothing is written to --out-dir")
 	if err := fl.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return 0
@@ -139,8 +172,8 @@ func suiteMain(args []string) int {
 		cfg.ready = 1_000_000
 	}
 	for _, k := range cfg.only {
-		if !slices.Contains(suiteSteps, k) {
-			fmt.Fprintf(os.Stderr, "mountbench suite: --only %s: no such step (%s)\n", k, strings.Join(suiteSteps, ", "))
+		if !slices.Contains(stepKeys(), k) {
+			fmt.Fprintf(os.Stderr, "mountbench suite: --only %s: no such step (%s)\n", k, strings.Join(stepKeys(), ", "))
 			return 2
 		}
 	}
@@ -280,26 +313,7 @@ func (s *suite) run(ctx context.Context) error {
 		GoVersion: b.res.GoVersion, Filesystem: b.res.Filesystem, Workdir: work, LoadBefore: b.res.LoadBefore,
 		MessageBytes: msgSize, CacheTimeout: s.cfg.cacheTimeout.String(), CountSource: b.res.CountSource,
 	}
-	steps := []struct {
-		key, name string
-		run       func(context.Context) error
-	}{
-		{"floor", "FUSE request floor", s.runFloorStart},
-		{"plain", "plain directory", s.runPlain},
-		{"loopback", "go-fuse loopback", s.runLoopback},
-		{"mounts", "yirangmq mounts", s.runMounts},
-		{"churn", "many messages through the mount", s.runChurn},
-		{"scale", "many ready messages", s.runScale},
-		{"inproc", "queuecore in process", s.runInproc},
-		{"goqite", "goqite-style queue", s.runGoqite},
-		{"interleaved", "goal ratios, interleaved", s.runInterleaved},
-		{"big", "1 MiB messages", s.runBig},
-		{"latency", "latency under a paced load", s.runLatency},
-		{"mqueue", "POSIX mqueue", s.runMQueue},
-		{"inotify", "inotify wake-up", s.runInotify},
-		{"idle", "idle daemons", s.runIdle},
-	}
-	for _, st := range steps {
+	for _, st := range s.steps() {
 		// The floor's mount is what later steps probe: it always runs.
 		if len(s.cfg.only) > 0 && st.key != "floor" && !slices.Contains(s.cfg.only, st.key) {
 			continue
