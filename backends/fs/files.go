@@ -276,7 +276,7 @@ func (s *Store) writeBody(path string, id uint64, body []byte) error {
 		// of spare/K, so that no power cut after it leaves a second,
 		// uncounted name of the body there (on a disk without a
 		// journal the two directories are written back in any order).
-		s.dirty.dir(filepath.Dir(sp.path))
+		s.dirty.dir(sp.dir)
 		err := s.writeWithID(sp.fd, id, body)
 		if cerr := unix.Close(sp.fd); err == nil {
 			err = cerr

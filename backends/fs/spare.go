@@ -59,6 +59,7 @@ const (
 // spareFile is a created empty file, open for writing.
 type spareFile struct {
 	path string
+	dir  string // DIR/spare/K that holds it
 	fd   int
 }
 
@@ -289,7 +290,7 @@ func (p *spares) create() (spareFile, error) {
 		if err != nil {
 			return spareFile{}, &os.PathError{Op: "create", Path: path, Err: err}
 		}
-		return spareFile{path: path, fd: fd}, nil
+		return spareFile{path: path, dir: sub, fd: fd}, nil
 	}
 }
 

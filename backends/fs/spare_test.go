@@ -74,6 +74,30 @@ func spareInodes(t *testing.T, dir string, n int) []uint64 {
 	}
 }
 
+// crashedWithMessage opens a store with a pool of 2 spares, commits one
+// message and crashes it, as kill -9 would (its spares stay).
+func crashedWithMessage(t *testing.T) (dir string, s *Store, m queuecore.Message, body string) {
+	t.Helper()
+	dir = t.TempDir()
+	s = openTest(t, dir, queuecore.SyncNormal, config{spares: 2}, nil)
+	mustPutQueues(t, s, "q")
+	m = tmsg(1, "q", "m", queuecore.StateReady)
+	mustApply(t, s, tins(m))
+	crash(t, s)
+	return dir, s, m, s.bodyPath("q", queuecore.StateReady, "m")
+}
+
+// wantWholeBody checks that m (crashedWithMessage's) reads back whole and
+// that its body file has one link: what Open removed was only a name.
+func wantWholeBody(t *testing.T, s *Store, m queuecore.Message, body string) {
+	t.Helper()
+	wantMessage(t, s, m, tbody(1))
+	var st unix.Stat_t
+	if err := unix.Stat(body, &st); err != nil || st.Nlink != 1 {
+		t.Errorf("body file: %v, %d links; want 1", err, st.Nlink)
+	}
+}
+
 func ino(t *testing.T, p string) uint64 {
 	t.Helper()
 	var st unix.Stat_t
@@ -158,15 +182,9 @@ func TestSparesNone(t *testing.T) {
 // name: a spare renamed into place whose old name a power cut kept is a
 // second link to the body, which stays whole.
 func TestSparesLeftAtOpen(t *testing.T) {
-	dir := t.TempDir()
-	s := openTest(t, dir, queuecore.SyncNormal, config{spares: 2}, nil)
-	mustPutQueues(t, s, "q")
-	m := tmsg(1, "q", "m", queuecore.StateReady)
-	mustApply(t, s, tins(m))
+	dir, s, m, body := crashedWithMessage(t)
 	subs := s.spares.subs
-	crash(t, s)
 	sp := filepath.Join(dir, spareDir)
-	body := s.bodyPath("q", queuecore.StateReady, "m")
 	// A second link kept by a power cut, a half-written spare, and a
 	// spare of a version that kept them in DIR/spare itself.
 	left := []string{subs[3] + "/linked", subs[5] + "/half", sp + "/7"}
@@ -191,11 +209,7 @@ func TestSparesLeftAtOpen(t *testing.T) {
 	if got != want {
 		t.Errorf("spare directories after Open %v, want those of the last run %v", got, want)
 	}
-	wantMessage(t, s, m, tbody(1))
-	var st unix.Stat_t
-	if err := unix.Stat(body, &st); err != nil || st.Nlink != 1 {
-		t.Errorf("body file: %v, %d links; want 1", err, st.Nlink)
-	}
+	wantWholeBody(t, s, m, body)
 	spareInodes(t, dir, 2)
 }
 
@@ -268,12 +282,7 @@ func TestSparesSpread(t *testing.T) {
 // removed at Open, a second link to a body by unlink only; directories
 // made by hand stay with what they hold.
 func TestSparesOldLayout(t *testing.T) {
-	dir := t.TempDir()
-	s := openTest(t, dir, queuecore.SyncNormal, config{spares: 2}, nil)
-	mustPutQueues(t, s, "q")
-	m := tmsg(1, "q", "m", queuecore.StateReady)
-	mustApply(t, s, tins(m))
-	crash(t, s)
+	dir, s, m, body := crashedWithMessage(t)
 	sp := filepath.Join(dir, spareDir)
 	if err := os.RemoveAll(sp); err != nil {
 		t.Fatal(err)
@@ -283,7 +292,6 @@ func TestSparesOldLayout(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	body := s.bodyPath("q", queuecore.StateReady, "m")
 	if err := os.Link(body, sp+"/7"); err != nil {
 		t.Fatal(err)
 	}
@@ -303,11 +311,7 @@ func TestSparesOldLayout(t *testing.T) {
 			t.Errorf("%s made by hand: %v; want it left alone", p, err)
 		}
 	}
-	wantMessage(t, s, m, tbody(1))
-	var st unix.Stat_t
-	if err := unix.Stat(body, &st); err != nil || st.Nlink != 1 {
-		t.Errorf("body file: %v, %d links; want 1", err, st.Nlink)
-	}
+	wantWholeBody(t, s, m, body)
 	var subs int
 	for _, sub := range s.spares.subs {
 		if fi, err := os.Lstat(sub); err == nil && fi.IsDir() {
