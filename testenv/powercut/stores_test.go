@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -525,9 +526,13 @@ func runChild(t *testing.T, spec childSpec, hist []*history, target int, wait ti
 		time.Sleep(wait) // the kill lands this long after the target: on purpose
 	case <-done:
 	case <-timeout:
-		// The round fails (fewer commits than its target): first ask the
-		// child for its goroutines' stacks, which go to stderr and into
-		// the failure message, to see where it stood.
+		// The round fails (fewer commits than its target). To see where
+		// it stood: where the child's threads wait in the kernel (on this
+		// process's FUSE server?), this process's goroutines (the
+		// server's among them), then the child's goroutines, which it
+		// prints to stderr on SIGQUIT, into the failure message.
+		t.Logf("child %d missed its target after 30 s; its threads in the kernel:\n%s\nthis process's goroutines:\n%s",
+			cmd.Process.Pid, kernelStacks(cmd.Process.Pid), allGoroutines())
 		_ = cmd.Process.Signal(syscall.SIGQUIT)
 		select {
 		case <-done:
@@ -546,6 +551,31 @@ func runChild(t *testing.T, spec childSpec, hist []*history, target int, wait ti
 		return committed, fmt.Errorf("the child stopped after %d of %d commits\nchild stderr:\n%s", committed, target, stderr.String())
 	}
 	return committed, nil
+}
+
+// kernelStacks is where each thread of process pid waits in the kernel
+// (/proc/PID/task/TID/stack, readable by root).
+func kernelStacks(pid int) string {
+	var b strings.Builder
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return err.Error()
+	}
+	for _, tk := range tasks {
+		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stack", pid, tk.Name()))
+		if err != nil {
+			fmt.Fprintf(&b, "thread %s: %v\n", tk.Name(), err)
+			continue
+		}
+		fmt.Fprintf(&b, "thread %s:\n%s", tk.Name(), st)
+	}
+	return b.String()
+}
+
+// allGoroutines is the stacks of this process's goroutines.
+func allGoroutines() string {
+	buf := make([]byte, 1<<20)
+	return string(buf[:runtime.Stack(buf, true)])
 }
 
 // feed applies one report line to the histories.
@@ -605,6 +635,22 @@ const cutsPerStore = 20
 
 var flagDuration = flag.Duration("duration", 0, "keep cutting for this long per store in SyncFull (make torture DURATION=30m)")
 
+// testSeed is the seed of a test's rounds: POWERCUT_SEED, the seed a
+// failed run logged, runs the same rounds again (the kills land at other
+// moments: the timing is the machine's).
+func testSeed(t *testing.T) uint64 {
+	t.Helper()
+	seed := uint64(time.Now().UnixNano())
+	if v := os.Getenv("POWERCUT_SEED"); v != "" {
+		var err error
+		if seed, err = strconv.ParseUint(v, 10, 64); err != nil {
+			t.Fatalf("POWERCUT_SEED=%q: %v", v, err)
+		}
+	}
+	t.Logf("seed %d", seed)
+	return seed
+}
+
 // TestPowerCutFullSync: in SyncFull, no batch reported committed is lost
 // at a power cut but NoSync ones (leases and acks), and none is there in
 // part.
@@ -612,16 +658,7 @@ func TestPowerCutFullSync(t *testing.T) {
 	if testing.Short() {
 		t.Skip("power-cut test skipped in -short mode")
 	}
-	seed := uint64(time.Now().UnixNano())
-	if v := os.Getenv("POWERCUT_SEED"); v != "" {
-		// The seed of a failed run, to run the same rounds again (the
-		// kills land at other moments: the timing is the machine's).
-		var err error
-		if seed, err = strconv.ParseUint(v, 10, 64); err != nil {
-			t.Fatalf("POWERCUT_SEED=%q: %v", v, err)
-		}
-	}
-	t.Logf("seed %d", seed)
+	seed := testSeed(t)
 	for _, sc := range storeCases() {
 		t.Run(sc.store, func(t *testing.T) {
 			start, cuts, committed := time.Now(), 0, 0
@@ -651,8 +688,7 @@ func TestPowerCutStrictSync(t *testing.T) {
 	if testing.Short() {
 		t.Skip("power-cut test skipped in -short mode")
 	}
-	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
+	seed := testSeed(t)
 	for _, sc := range storeCases() {
 		t.Run(sc.store, func(t *testing.T) {
 			c, _ := powerCutRounds(t, sc, queuecore.SyncStrict, cutsPerStore/2, seed)
@@ -668,8 +704,7 @@ func TestPowerCutNormalSync(t *testing.T) {
 	if testing.Short() {
 		t.Skip("power-cut test skipped in -short mode")
 	}
-	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
+	seed := testSeed(t)
 	for _, sc := range storeCases() {
 		t.Run(sc.store, func(t *testing.T) {
 			c, l := powerCutRounds(t, sc, queuecore.SyncNormal, cutsPerStore, seed)
