@@ -83,7 +83,8 @@ func startSpares(storeDir string, n int, log *slog.Logger) (*spares, error) {
 	if fi, err := os.Lstat(dir); err == nil && !fi.IsDir() {
 		return nil, fmt.Errorf("%s is not a directory (%s); the store leaves it alone", dir, fi.Mode().Type())
 	}
-	if err := clearSpares(dir); err != nil {
+	subs, err := clearSpares(dir)
+	if err != nil {
 		return nil, err
 	}
 	if n <= 0 {
@@ -103,29 +104,23 @@ func startSpares(storeDir string, n int, log *slog.Logger) (*spares, error) {
 		stop: make(chan struct{}),
 		done: make(chan struct{}),
 	}
-	if err := p.makeSubs(); err != nil {
+	if err := p.makeSubs(subs); err != nil {
 		return nil, err
 	}
 	go p.run()
 	return p, nil
 }
 
-// makeSubs finds the subdirectories of DIR/spare that the last run used,
-// and makes new ones up to spareDirs. A new one is named by a random
+// makeSubs keeps the subdirectories of DIR/spare that the last run used
+// (subs, their names, as clearSpares found them) and makes new ones up to
+// spareDirs. A new one is named by a random
 // number: ext4 places a subdirectory of a +T directory by a hash of its
 // name, so fixed names would put the spares of every store on the file
 // system (and of a store made again) in the same block groups, where the
 // others' deletes slow each create down again.
-func (p *spares) makeSubs() error {
-	names, err := readNames(p.dir)
-	if err != nil {
-		return fmt.Errorf("read the spare files' directory: %w", err)
-	}
+func (p *spares) makeSubs(subs []string) error {
 	n, made := 0, false
-	for _, name := range names {
-		if !isSpareSub(p.dir, name) {
-			continue // not ours; left alone
-		}
+	for _, name := range subs {
 		if n == spareDirs {
 			_ = unix.Rmdir(p.dir + "/" + name) // one too many, emptied by clearSpares
 			continue
@@ -156,26 +151,17 @@ func (p *spares) makeSubs() error {
 	return nil
 }
 
-// isSpareSub reports whether DIR/spare/name is one of the spare files'
-// directories: a directory with a number for a name.
-func isSpareSub(dir, name string) bool {
-	if _, err := strconv.ParseUint(name, 10, 32); err != nil {
-		return false
-	}
-	fi, err := os.Lstat(dir + "/" + name)
-	return err == nil && fi.IsDir()
-}
-
 // clearSpares unlinks what a crash left in DIR/spare and in its
 // numbered subdirectories (and the spares of a version that kept them in
 // DIR/spare itself), name by name: a name left by a power cut may be a
 // second link to a message's body, which must stay as it is. Directories
 // stay; one not named by a number, or one inside a subdirectory, is made
-// by hand and left alone with what it holds.
-func clearSpares(dir string) error {
+// by hand and left alone with what it holds. It returns the names of the
+// numbered subdirectories, for makeSubs.
+func clearSpares(dir string) (subs []string, err error) {
 	names, err := readNames(dir)
 	if err != nil {
-		return fmt.Errorf("read the spare files' directory: %w", err)
+		return nil, fmt.Errorf("read the spare files' directory: %w", err)
 	}
 	for _, name := range names {
 		p := dir + "/" + name
@@ -184,28 +170,29 @@ func clearSpares(dir string) error {
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("remove a spare file left by the last run: %w", err)
+			return nil, fmt.Errorf("remove a spare file left by the last run: %w", err)
 		}
 		if !fi.IsDir() {
 			if err := unix.Unlink(p); err != nil && err != unix.ENOENT {
-				return fmt.Errorf("remove a spare file left by the last run: %w", &os.PathError{Op: "unlink", Path: p, Err: err})
+				return nil, fmt.Errorf("remove a spare file left by the last run: %w", &os.PathError{Op: "unlink", Path: p, Err: err})
 			}
 			continue
 		}
-		if !isSpareSub(dir, name) {
+		if _, err := strconv.ParseUint(name, 10, 32); err != nil {
 			continue // made by hand: left alone
 		}
 		inner, err := readNames(p)
 		if err != nil {
-			return fmt.Errorf("read the spare files' directory: %w", err)
+			return nil, fmt.Errorf("read the spare files' directory: %w", err)
 		}
 		for _, in := range inner {
 			if err := unix.Unlink(p + "/" + in); err != nil && err != unix.ENOENT && err != unix.EISDIR {
-				return fmt.Errorf("remove a spare file left by the last run: %w", &os.PathError{Op: "unlink", Path: p + "/" + in, Err: err})
+				return nil, fmt.Errorf("remove a spare file left by the last run: %w", &os.PathError{Op: "unlink", Path: p + "/" + in, Err: err})
 			}
 		}
+		subs = append(subs, name)
 	}
-	return nil
+	return subs, nil
 }
 
 // markTopDir asks the file system to place dir's new subdirectories in
