@@ -33,6 +33,10 @@ func buildLoopback(ctx context.Context, root, dir string) (string, error) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build loopbackd: %v\n%s", err, out)
 	}
+	// Read from the disk when started, as the yirangmq binary is.
+	if err := evictCached(bin); err != nil {
+		return "", err
+	}
 	return bin, nil
 }
 

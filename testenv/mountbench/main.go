@@ -272,6 +272,9 @@ func (b *bench) setup(ctx context.Context) error {
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("go build: %v\n%s", err, out)
 		}
+		if err := evictCached(b.cfg.bin); err != nil {
+			return err
+		}
 	}
 	switch b.cfg.count {
 	case "perf", "auto":

@@ -313,8 +313,8 @@ func (s *suite) runChurn(ctx context.Context) error {
 	}
 	r := phaseRow(system, opRoundTrip, c, m)
 	s.res.Churn = &churnResult{System: system, Messages: s.cfg.churnMessages, Clients: c, Seconds: r.Seconds, OpsPerSec: r.OpsPerSec,
-		CPUSecPer10k: r.CPUSecPer10k, RSSBeforeMiB: l.rss, RSSAfterMiB: procRSSMiB(d.pid())}
-	s.logf("%s: %.0f round trips/s, RSS %.1f → %.1f MiB", label, r.OpsPerSec, l.rss, s.res.Churn.RSSAfterMiB)
+		CPUSecPer10k: r.CPUSecPer10k, RSSBeforeMiB: l.rss.total, RSSAfterMiB: procRSSMiB(d.pid())}
+	s.logf("%s: %.0f round trips/s, RSS %.1f → %.1f MiB", label, r.OpsPerSec, l.rss.total, s.res.Churn.RSSAfterMiB)
 	return nil
 }
 
@@ -352,7 +352,7 @@ func (s *suite) runScale(ctx context.Context) error {
 	})
 	time.Sleep(300 * time.Millisecond)
 	l := s.keep(fmt.Sprintf("%s, %s ready", system, countName(s.cfg.ready)), d)
-	sc := &scaleResult{System: system, Ready: s.cfg.ready, FillSeconds: round1(fill.Seconds()), MountSeconds: round2(mounted.Seconds()), RSSMiB: l.rss,
+	sc := &scaleResult{System: system, Ready: s.cfg.ready, FillSeconds: round1(fill.Seconds()), MountSeconds: round2(mounted.Seconds()), RSSMiB: l.rss.total,
 		How: "published in process into the store before mounting (queuecore.Core.Publish, 8 goroutines)"}
 	queues := map[string]queueDirs{}
 	for _, name := range []string{"big", "empty"} {

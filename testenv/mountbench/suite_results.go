@@ -137,11 +137,13 @@ type expiryRow struct {
 type resourceRow struct {
 	System        string  `json:"system"`
 	PID           int     `json:"-"`
-	RSSIdleMiB    float64 `json:"rss_after_mount_mib"`  // VmRSS right after the mount was ready
-	RSSEndMiB     float64 `json:"rss_after_idle_mib"`   // VmRSS at the end of the idle window
-	IdleSeconds   float64 `json:"idle_seconds"`         // length of the idle window
-	IdleCPUMSPerS float64 `json:"idle_cpu_ms_per_s"`    // utime+stime over the window
-	WakeupsPerSec float64 `json:"idle_wakeups_per_sec"` // context switches of all threads over the window
+	RSSIdleMiB    float64 `json:"rss_after_mount_mib"`                // VmRSS right after the mount was ready
+	RSSAnonMiB    float64 `json:"rss_anon_after_mount_mib,omitempty"` // its RssAnon
+	RSSFileMiB    float64 `json:"rss_file_after_mount_mib,omitempty"` // its RssFile (binary and libraries)
+	RSSEndMiB     float64 `json:"rss_after_idle_mib"`                 // VmRSS at the end of the idle window
+	IdleSeconds   float64 `json:"idle_seconds"`                       // length of the idle window
+	IdleCPUMSPerS float64 `json:"idle_cpu_ms_per_s"`                  // utime+stime over the window
+	WakeupsPerSec float64 `json:"idle_wakeups_per_sec"`               // context switches of all threads over the window
 }
 
 // churnResult: the sqlite/normal daemon after many round trips.
