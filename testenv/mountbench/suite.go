@@ -580,10 +580,13 @@ func (s *suite) runIdle(ctx context.Context) error {
 		}
 		cpu, _ := procCPU(l.d.pid())
 		sw := procSwitches(l.d.pid())
-		r := resourceRow{System: l.system, PID: l.d.pid(), RSSIdleMiB: l.rss.total, RSSAnonMiB: l.rss.anon, RSSFileMiB: l.rss.file, RSSEndMiB: procRSSMiB(l.d.pid()), IdleSeconds: round1(secs),
+		end := procRSS(l.d.pid())
+		r := resourceRow{System: l.system, PID: l.d.pid(), RSSIdleMiB: l.rss.total, RSSAnonMiB: l.rss.anon, RSSFileMiB: l.rss.file,
+			RSSEndMiB: end.total, RSSEndAnonMiB: end.anon, RSSEndFileMiB: end.file, IdleSeconds: round1(secs),
 			IdleCPUMSPerS: round2(float64(cpu-before[i].cpu) / 1e6 / secs), WakeupsPerSec: round2(float64(sw-before[i].sw) / secs)}
 		s.res.Resources = append(s.res.Resources, r)
-		s.logf("%-40s RSS %.1f (anon %.1f, file %.1f) → %.1f MiB, idle CPU %.2f ms/s, %.2f wakeups/s", r.System, r.RSSIdleMiB, r.RSSAnonMiB, r.RSSFileMiB, r.RSSEndMiB, r.IdleCPUMSPerS, r.WakeupsPerSec)
+		s.logf("%-40s RSS %.1f (anon %.1f, file %.1f) → %.1f MiB (anon %.1f, file %.1f), idle CPU %.2f ms/s, %.2f wakeups/s",
+			r.System, r.RSSIdleMiB, r.RSSAnonMiB, r.RSSFileMiB, r.RSSEndMiB, r.RSSEndAnonMiB, r.RSSEndFileMiB, r.IdleCPUMSPerS, r.WakeupsPerSec)
 	}
 	s.note("idle: every kept daemon is left alone at the same time for the idle window after all phases (the yirangmq daemons after their phases, so with timers and caches as work left them); CPU from /proc/PID/stat utime+stime (10 ms ticks), wakeups = voluntary + involuntary context switches of all threads from /proc/PID/task/*/status")
 	return nil

@@ -98,7 +98,7 @@ func (r *suiteResults) report(w io.Writer) {
 	}
 	if len(r.Resources) > 0 {
 		fmt.Fprintln(w, "\n## Daemons: memory and idle cost")
-		fmt.Fprintln(w, "\n| daemon | RSS after mount MiB (anon + file) | RSS after the idle window MiB | idle window s | idle CPU ms/s | idle wakeups/s | CPU s per 10k round trips, by clients |")
+		fmt.Fprintln(w, "\n| daemon | RSS after mount MiB (anon + file) | RSS after the idle window MiB (anon + file) | idle window s | idle CPU ms/s | idle wakeups/s | CPU s per 10k round trips, by clients |")
 		fmt.Fprintln(w, "|---|---|---|---|---|---|---|")
 		for _, x := range r.Resources {
 			var cpu []string
@@ -107,7 +107,8 @@ func (r *suiteResults) report(w io.Writer) {
 					cpu = append(cpu, fmt.Sprintf("%d: %s", c, cpuCell(rt.CPUSecPer10k)))
 				}
 			}
-			fmt.Fprintf(w, "| %s | %.1f (%.1f + %.1f) | %.1f | %.0f | %.2f | %.2f | %s |\n", x.System, x.RSSIdleMiB, x.RSSAnonMiB, x.RSSFileMiB, x.RSSEndMiB, x.IdleSeconds,
+			fmt.Fprintf(w, "| %s | %.1f (%.1f + %.1f) | %.1f (%.1f + %.1f) | %.0f | %.2f | %.2f | %s |\n", x.System, x.RSSIdleMiB, x.RSSAnonMiB, x.RSSFileMiB,
+				x.RSSEndMiB, x.RSSEndAnonMiB, x.RSSEndFileMiB, x.IdleSeconds,
 				x.IdleCPUMSPerS, x.WakeupsPerSec, strings.Join(cpu, ", "))
 		}
 	}

@@ -141,9 +141,11 @@ type resourceRow struct {
 	RSSAnonMiB    float64 `json:"rss_anon_after_mount_mib,omitempty"` // its RssAnon
 	RSSFileMiB    float64 `json:"rss_file_after_mount_mib,omitempty"` // its RssFile (binary and libraries)
 	RSSEndMiB     float64 `json:"rss_after_idle_mib"`                 // VmRSS at the end of the idle window
-	IdleSeconds   float64 `json:"idle_seconds"`                       // length of the idle window
-	IdleCPUMSPerS float64 `json:"idle_cpu_ms_per_s"`                  // utime+stime over the window
-	WakeupsPerSec float64 `json:"idle_wakeups_per_sec"`               // context switches of all threads over the window
+	RSSEndAnonMiB float64 `json:"rss_anon_after_idle_mib,omitempty"`
+	RSSEndFileMiB float64 `json:"rss_file_after_idle_mib,omitempty"`
+	IdleSeconds   float64 `json:"idle_seconds"`         // length of the idle window
+	IdleCPUMSPerS float64 `json:"idle_cpu_ms_per_s"`    // utime+stime over the window
+	WakeupsPerSec float64 `json:"idle_wakeups_per_sec"` // context switches of all threads over the window
 }
 
 // churnResult: the sqlite/normal daemon after many round trips.
