@@ -640,8 +640,8 @@ func copyFile(from, to string) error {
 // piece (the copy above, or a linker's output) sits in the page cache in
 // large folios, so the text and read-only data of a daemon started from
 // it are nearly all resident at once. The same yirangmq build measured
-// 20.2 MiB after mount that way, 16.9 MiB started from the disk (RssFile
-// 15.4 against 12.1 MiB; RssAnon 4.8 MiB both). The resource rows give
+// 19.7 MiB after mount that way, 16.5 MiB started from the disk (RssFile
+// 15.0 against 11.8 MiB; RssAnon 4.7 MiB both). The resource rows give
 // RssAnon and RssFile apart.
 func evictCached(path string) error {
 	f, err := os.Open(path)
