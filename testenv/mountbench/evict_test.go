@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"testing"
@@ -67,7 +68,7 @@ func TestEvictCached(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(got) != string(data) {
+	if !bytes.Equal(got, data) {
 		t.Fatal("the file's bytes changed")
 	}
 }
