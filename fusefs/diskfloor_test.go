@@ -164,10 +164,16 @@ func TestDiskFloorDrain(t *testing.T) {
 			}
 			check("full")
 
-			// 2. Drain every message, zero errors; the archive gives way.
+			// 2. Drain every message, zero errors; the archive gives way
+			// if the disk is still low when the drain begins. (The fs
+			// store's checkpoint after the refusal can free more than the
+			// floor: then nothing needs trimming, and nothing is.)
+			lowAtDrain := daemonDisk(t, d).Low
 			drain("drain")
-			if disk := daemonDisk(t, d); disk.ArchiveTrimmedTotal == 0 {
+			if disk := daemonDisk(t, d); lowAtDrain && disk.ArchiveTrimmedTotal == 0 {
 				t.Errorf("after the drain: archive_trimmed_total = 0, want the archive trimmed (%+v)", disk)
+			} else if !lowAtDrain {
+				t.Logf("the disk was above the floor when the drain began: archive_trimmed_total %d", disk.ArchiveTrimmedTotal)
 			}
 
 			// 3. Publishing resumes without a restart.
