@@ -2,17 +2,32 @@ package sqlite
 
 import "context"
 
-// ShedCaches gives back the page caches of the idle readers (PRAGMA
-// shrink_memory): the daemon calls it near its memory budget
-// (queuecore.CacheShedder). A reader is taken from the idle pool and given
-// back at once, so no read waits for it for long, and the pool keeps its
-// size; the pages are read again when needed.
+// ShedCaches gives back the page caches of the writer and of the idle
+// readers (PRAGMA shrink_memory), then the C allocator's free pages: the
+// daemon calls it near its memory budget (queuecore.CacheShedder) and once
+// it has gone idle after work. The writer is taken between two commits, a
+// reader from the idle pool, and each is given back at once, so nothing
+// waits for it for long and the pool keeps its size; the pages are read
+// again when needed, from the kernel's page cache at worst.
 func (s *Store) ShedCaches() {
 	s.closeMu.RLock()
 	defer s.closeMu.RUnlock()
 	if s.closed {
 		return
 	}
+	before := sqliteMemoryUsed()
+	w := s.takeWriter()
+	if _, err := w.conn.ExecContext(context.Background(), "PRAGMA shrink_memory", nil); err != nil {
+		s.log.Warn("shrink the writer's cache", "err", err)
+	}
+	s.giveWriter()
+	s.shrinkIdleReaders()
+	trimCHeap()
+	s.log.Debug("sqlite caches shed", "sqlite_kib_before", before>>10, "sqlite_kib_after", sqliteMemoryUsed()>>10)
+}
+
+// shrinkIdleReaders empties the page cache of every idle reader.
+func (s *Store) shrinkIdleReaders() {
 	var took []*reader
 	defer func() {
 		for _, r := range took {

@@ -217,7 +217,11 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 		debug.SetMemoryLimit(budget / 4 * 3)
 		log.Info("memory budget", "budget_mib", budget>>20, "cgroup_limit_mib", cgLimit>>20)
 	}
-	startQuietGC(log)
+	var release func()
+	if sh, ok := store.(queuecore.CacheShedder); ok {
+		release = sh.ShedCaches
+	}
+	startQuietGC(log, release)
 	fsys := fusefs.New(opts)
 	spaceDir := f.store
 	if f.backend == "postgres" {

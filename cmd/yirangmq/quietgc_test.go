@@ -5,6 +5,7 @@ import (
 	"math"
 	"runtime"
 	"runtime/debug"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -15,6 +16,8 @@ type fakeGCRuntime struct {
 	gcPercent      int
 	limit          int64
 	percentChanges int
+	frees          int    // freeOSMemory calls
+	freed          uint64 // what each gives back of held
 }
 
 func (f *fakeGCRuntime) now() time.Time              { return f.t }
@@ -32,6 +35,11 @@ func (f *fakeGCRuntime) setMemoryLimit(l int64) (old int64) {
 	return old
 }
 
+func (f *fakeGCRuntime) freeOSMemory() {
+	f.frees++
+	f.held -= min(f.held, f.freed)
+}
+
 func newFakeQuiet(gcPercent int, limit int64) (*quietGC, *fakeGCRuntime) {
 	rt := &fakeGCRuntime{t: time.Unix(1000, 0), held: 10 << 20, gcPercent: gcPercent, limit: limit}
 	q := &quietGC{idleGap: quietIdleGap, log: slog.New(slog.DiscardHandler), rt: rt, lastCycle: rt.t}
@@ -40,6 +48,8 @@ func newFakeQuiet(gcPercent int, limit int64) (*quietGC, *fakeGCRuntime) {
 
 func TestQuietGCStates(t *testing.T) {
 	q, rt := newFakeQuiet(100, math.MaxInt64)
+	releases, freesAtRelease := 0, -1
+	q.release = func() { releases++; freesAtRelease = rt.frees }
 	// Collections of a working daemon: one a minute at most.
 	for _, step := range []struct {
 		gap   time.Duration
@@ -52,18 +62,31 @@ func TestQuietGCStates(t *testing.T) {
 				step.gap, step.alloc, q.quiet, rt.gcPercent, rt.limit)
 		}
 	}
+	if releases != 0 || rt.frees != 0 {
+		t.Fatalf("a working daemon gave back its memory: %d releases, %d frees", releases, rt.frees)
+	}
 	// The periodic collection of an idle daemon, with what the work
-	// allocated after its last collection.
+	// allocated after its last collection: the store's caches and the
+	// heap's free pages are given back, store first, and the limit is
+	// set from what the runtime holds after that.
 	rt.t, rt.allocs = rt.t.Add(2*time.Minute), rt.allocs+3<<20
+	rt.freed = 6 << 20
 	q.cycle()
-	if want := int64(rt.held + quietHeadroomMin); !q.quiet || rt.gcPercent != -1 || rt.limit != want {
+	if want := int64(4<<20 + quietHeadroomMin); !q.quiet || rt.gcPercent != -1 || rt.limit != want {
 		t.Fatalf("idle: quiet %v, GOGC %d, limit %d; want quiet, -1, %d", q.quiet, rt.gcPercent, rt.limit, want)
 	}
-	// The next collection, made by the limit: back as before.
+	if releases != 1 || rt.frees != 1 || freesAtRelease != 0 {
+		t.Fatalf("idle: %d releases, %d frees (%d before the release); want one of each, the release first", releases, rt.frees, freesAtRelease)
+	}
+	// The next collection, made by the limit: back as before, and nothing
+	// given back.
 	rt.t, rt.allocs = rt.t.Add(time.Hour), rt.allocs+5<<20
 	q.cycle()
 	if q.quiet || rt.gcPercent != 100 || rt.limit != math.MaxInt64 {
 		t.Fatalf("after the quiet state: quiet %v, GOGC %d, limit %d; want 100 and no limit", q.quiet, rt.gcPercent, rt.limit)
+	}
+	if releases != 1 || rt.frees != 1 {
+		t.Fatalf("the collection that ends the quiet state gave back memory: %d releases, %d frees; want 1 and 1", releases, rt.frees)
 	}
 
 	// A daemon with a memory budget gets its own limit back; one that
@@ -115,7 +138,8 @@ func TestQuietGCOnTheRuntime(t *testing.T) {
 		debug.SetGCPercent(oldPercent)
 		debug.SetMemoryLimit(oldLimit)
 	}()
-	q := &quietGC{idleGap: 0, log: slog.New(slog.DiscardHandler), rt: newRealGCRuntime()}
+	var releases atomic.Int32
+	q := &quietGC{idleGap: 0, log: slog.New(slog.DiscardHandler), rt: newRealGCRuntime(), release: func() { releases.Add(1) }}
 	q.lastCycle = q.rt.now()
 	q.arm()
 	defer q.stopped.Store(true)
@@ -135,6 +159,9 @@ func TestQuietGCOnTheRuntime(t *testing.T) {
 		}
 	}
 	waitFor(true)
+	if releases.Load() == 0 {
+		t.Fatal("quiet state without a release of the store's caches")
+	}
 	if l := debug.SetMemoryLimit(-1); l == math.MaxInt64 {
 		t.Fatal("quiet state without a memory limit")
 	}
