@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"time"
 
 	"yirangmq/queuecore"
 )
@@ -73,4 +74,26 @@ func TestShedCachesEmptiesTheWriter(t *testing.T) {
 		t.Fatalf("Lookup after ShedCaches = %d, %v; want message 12345", m.ID, err)
 	}
 	fill(t, s, 20_001, 10)
+}
+
+// The memory watcher calls ShedCaches under load, when the writer may pass
+// from one commit to the next for as long as the load lasts: ShedCaches
+// leaves the writer's cache alone then, rather than wait for it.
+func TestShedCachesDoesNotWaitForTheWriter(t *testing.T) {
+	s := newTestStore(t, queuecore.SyncNormal, "q")
+	defer s.Close()
+	s.takeWriter() // a commit in flight
+	done := make(chan struct{})
+	go func() {
+		s.ShedCaches()
+		close(done)
+	}()
+	select {
+	case <-done:
+		s.giveWriter()
+	case <-time.After(30 * time.Second):
+		s.giveWriter()
+		<-done
+		t.Fatal("ShedCaches waited for the writer a commit held")
+	}
 }

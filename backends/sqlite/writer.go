@@ -156,6 +156,20 @@ func (s *Store) takeWriter() *writer {
 	return s.w
 }
 
+// tryTakeWriter keeps the writer for the caller, as takeWriter, if no
+// commit is in flight or queued; else it returns nil at once. Under a
+// steady load the writer passes from group to group without being free
+// (handOff), so takeWriter could wait as long as the load lasts.
+func (s *Store) tryTakeWriter() *writer {
+	s.groupMu.Lock()
+	defer s.groupMu.Unlock()
+	if s.committing || len(s.pending) > 0 {
+		return nil
+	}
+	s.committing = true
+	return s.w
+}
+
 func (s *Store) giveWriter() {
 	s.groupMu.Lock()
 	defer s.groupMu.Unlock()
