@@ -76,10 +76,3 @@ func (d *draftBytes) grow(o *Options, uid uint32, delta int64) bool {
 	}
 	return true
 }
-
-// used returns the bytes accounted in all.
-func (d *draftBytes) used() int64 {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.total
-}

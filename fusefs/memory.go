@@ -255,6 +255,7 @@ func (f *FS) pruneCandidates(limit int) []*fs.Inode {
 		// already had never reaches the kernel and never gets a FORGET.
 		// Forgotten is also true for a moment before a new node joins the
 		// tree, so a node is dropped only when found so twice.
+		//lint:ignore SA1019 OnForget is never called for such a node; Forgotten is what tells it
 		if n.Inode.Forgotten() {
 			l.mu.Lock()
 			if n.lru.in {

@@ -113,7 +113,6 @@ type space struct {
 	noteMu       sync.Mutex
 	noted        map[string]*notedKind // note: last line per kind
 	lastReclaim  time.Time
-	reserveWant  int64
 	reserveFails int
 
 	// An idle daemon must not wake the machine: once a tick finds no

@@ -282,7 +282,7 @@ func TestSparesSpread(t *testing.T) {
 // removed at Open, a second link to a body by unlink only; directories
 // made by hand stay with what they hold.
 func TestSparesOldLayout(t *testing.T) {
-	dir, s, m, body := crashedWithMessage(t)
+	dir, _, m, body := crashedWithMessage(t)
 	sp := filepath.Join(dir, spareDir)
 	if err := os.RemoveAll(sp); err != nil {
 		t.Fatal(err)
@@ -300,7 +300,7 @@ func TestSparesOldLayout(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	s = openTest(t, dir, queuecore.SyncNormal, config{spares: 2}, nil)
+	s := openTest(t, dir, queuecore.SyncNormal, config{spares: 2}, nil)
 	for _, p := range []string{sp + "/7", sp + "/12"} {
 		if _, err := os.Lstat(p); err == nil {
 			t.Errorf("%s is still there after Open", p)

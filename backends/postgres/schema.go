@@ -22,21 +22,21 @@ const (
 	dutyLockKey   int64 = 0x79712d6475747900
 )
 
-// channel is the LISTEN/NOTIFY channel of change hints of a store in
+// publicChannel is the LISTEN/NOTIFY channel of change hints of a store in
 // schema public; NOTIFY channels too are per database.
-const channel = "yirangmq"
+const publicChannel = "yirangmq"
 
 // storeNames returns the notification channel and the duty lock key of the
 // store whose tables are in schema: several stores can share a database,
 // one per schema, each with its own hints and duty.
 func storeNames(schema string) (channel string, dutyKey int64) {
 	if schema == "public" {
-		return "yirangmq", dutyLockKey
+		return publicChannel, dutyLockKey
 	}
 	h := fnv.New64a()
 	h.Write([]byte(schema))
 	sum := h.Sum64()
-	return fmt.Sprintf("yirangmq_%016x", sum), dutyLockKey ^ int64(sum)
+	return fmt.Sprintf("%s_%016x", publicChannel, sum), dutyLockKey ^ int64(sum)
 }
 
 // schema creates the tables in a new database. Notes on the choices:

@@ -67,7 +67,7 @@ type suiteConfig struct {
 	interleaveRounds   int           // rounds of the interleaved step
 	bigMessages        int           // 1 MiB messages per system and round (0: skip)
 	latencyPeak        int           // round trips of the peak before the paced load
-	latencySeconds     time.Duration // the paced load per store (0: skip)
+	latencyLength      time.Duration // the paced load per store (0: skip)
 
 	cacheTimeout          time.Duration
 	outDir, bin, workBase string
@@ -121,7 +121,7 @@ func defaultSuiteConfig(quick bool) suiteConfig {
 		nextSamples: 300, expirySamples: 10, churnMessages: 100_000, ready: 100_000, scaleRoundTrips: 2000,
 		floorOps: 20000, warmup: 200, idle: 60 * time.Second, cacheTimeout: time.Second,
 		interleaveMessages: 1500, interleaveRounds: 3,
-		bigMessages: 160, latencyPeak: 2000, latencySeconds: 20 * time.Second,
+		bigMessages: 160, latencyPeak: 2000, latencyLength: 20 * time.Second,
 		outDir: "results", workBase: defaultWorkBase(),
 	}
 	if quick {
@@ -129,7 +129,7 @@ func defaultSuiteConfig(quick bool) suiteConfig {
 		c.nextSamples, c.expirySamples, c.churnMessages, c.ready, c.scaleRoundTrips = 100, 4, 10_000, 20_000, 400
 		c.floorOps, c.warmup, c.idle = 5000, 100, 10*time.Second
 		c.interleaveMessages, c.interleaveRounds = 300, 2
-		c.bigMessages, c.latencyPeak, c.latencySeconds = 64, 600, 6*time.Second
+		c.bigMessages, c.latencyPeak, c.latencyLength = 64, 600, 6*time.Second
 	}
 	return c
 }
@@ -156,7 +156,7 @@ func suiteMain(args []string) int {
 	fl.DurationVar(&cfg.idle, "idle", cfg.idle, "idle window of the daemons (CPU, wakeups)")
 	fl.IntVar(&cfg.interleaveMessages, "interleaved", cfg.interleaveMessages, "messages per operation and round of the interleaved step (the goals' ratios)")
 	fl.IntVar(&cfg.bigMessages, "big", cfg.bigMessages, "1 MiB messages per system and round of the bandwidth step (0: skip)")
-	fl.DurationVar(&cfg.latencySeconds, "latency", cfg.latencySeconds, "length of the paced load per store of the latency step (0: skip)")
+	fl.DurationVar(&cfg.latencyLength, "latency", cfg.latencyLength, "length of the paced load per store of the latency step (0: skip)")
 	fl.StringVar(&cfg.outDir, "out-dir", cfg.outDir, "where to write bench-STAMP.{json,png} and bench-latest.{json,png}")
 	fl.StringVar(&cfg.bin, "bin", "", "yirangmq binary (default: build ./cmd/yirangmq of this checkout)")
 	fl.StringVar(&cfg.workBase, "workdir", cfg.workBase, "where to make the working directory (same disk as the stores; not under $TMPDIR, whose mounts tests may sweep)")

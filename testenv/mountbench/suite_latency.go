@@ -103,7 +103,7 @@ func quantileUS(s latencies, p float64) float64 {
 }
 
 func (s *suite) runLatency(ctx context.Context) error {
-	if s.cfg.latencySeconds <= 0 {
+	if s.cfg.latencyLength <= 0 {
 		return nil
 	}
 	c := slices.Max(s.cfg.clients)
@@ -160,7 +160,7 @@ func (s *suite) runLatency(ctx context.Context) error {
 			return fmt.Errorf("%s: paced load: %w", ref.System, err)
 		}
 	}
-	s.note(fmt.Sprintf("latency under load: per store at --sync %s, a new daemon, %d clients, after a sync(2) (untimed) that writes back what earlier steps left dirty; the peak is %d round trips as fast as they go, then %s of round trips paced at half of it (each client on a fixed timetable, never skipping a slot), each operation timed on its own; then the same pace on a plain directory of the same disk whose publish fdatasyncs the file before close(2) (what --sync full promises; its lease and ack sync nothing, as the mount's): the disk's and the machine's own tail; CPU steal is the hypervisor's share of the machine's CPU time during each paced load (/proc/stat)", goalSync, c, s.cfg.latencyPeak, s.cfg.latencySeconds))
+	s.note(fmt.Sprintf("latency under load: per store at --sync %s, a new daemon, %d clients, after a sync(2) (untimed) that writes back what earlier steps left dirty; the peak is %d round trips as fast as they go, then %s of round trips paced at half of it (each client on a fixed timetable, never skipping a slot), each operation timed on its own; then the same pace on a plain directory of the same disk whose publish fdatasyncs the file before close(2) (what --sync full promises; its lease and ack sync nothing, as the mount's): the disk's and the machine's own tail; CPU steal is the hypervisor's share of the machine's CPU time during each paced load (/proc/stat)", goalSync, c, s.cfg.latencyPeak, s.cfg.latencyLength))
 	return nil
 }
 
@@ -168,7 +168,7 @@ func (s *suite) runLatency(ctx context.Context) error {
 // operation, from row's system, clients and rates.
 func (s *suite) runPacedRows(ctx context.Context, q queueDirs, row latencyRow) error {
 	total0, steal0 := cpuTimes()
-	res, err := runPaced(ctx, q, "lat", row.Clients, row.PacedRTPerS, s.cfg.latencySeconds)
+	res, err := runPaced(ctx, q, "lat", row.Clients, row.PacedRTPerS, s.cfg.latencyLength)
 	if err != nil {
 		return err
 	}
