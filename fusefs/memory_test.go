@@ -320,8 +320,14 @@ func TestReadsSendNoFlush(t *testing.T) {
 	}
 	eachBackend(t, testenv.DaemonOptions{Sync: "normal", Args: []string{"--debug"}}, func(t *testing.T, d *testenv.Daemon) {
 		q := mkq(t, d, "q", "")
-		testenv.MustSh(t, q, `echo body > inbox/A && echo big > inbox/B`)
+		testenv.MustSh(t, q, `echo body > inbox/A && echo big > inbox/B && test ! -e inbox/published-mark`)
 		flushes := regexp.MustCompile(`rx \d+: FLUSH `)
+		// The daemon's log reaches the test through a pipe, some time
+		// after the requests: the publishes' FLUSHes are in it once the
+		// LOOKUP that came after them is.
+		testenv.MustRetryUntil(t, 5*time.Second, "the LOOKUP after the publishes in the request log", func() bool {
+			return strings.Contains(d.Log(), `"published-mark"`)
+		})
 		mark := len(d.Log())
 		out := testenv.MustSh(t, q, `m=$(cat .next) && cat "$m" && cat inbox/B .stats .policy > /dev/null && rm "$m"`)
 		wantOut(t, "cat of the leased message", out, "body")
