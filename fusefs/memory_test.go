@@ -2,6 +2,7 @@ package fusefs_test
 
 import (
 	"bufio"
+	"errors"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -85,9 +86,11 @@ func TestPrunerForgetsNewestPublishesFirst(t *testing.T) {
 		q := mkq(t, d, "q", "")
 		testenv.MustSh(t, q, `i=0; while [ $i -lt `+strconv.Itoa(n)+` ]; do i=$((i+1)); echo "body $i" > inbox/m$i; done`)
 		waitInodes(t, d, limit)
+		logCaughtUp(t, d, q, "published")
 		mark := len(d.Log())
 		testenv.MustSh(t, q, `i=0; while [ $i -lt `+strconv.Itoa(oldest)+` ]; do i=$((i+1)); mv inbox/m$i processing/; done
 			i=`+strconv.Itoa(later)+`; while [ $i -lt `+strconv.Itoa(later+laterN)+` ]; do mv inbox/m$i processing/; i=$((i+1)); done`)
+		logCaughtUp(t, d, q, "leased")
 		lookups := map[string]int{}
 		re := regexp.MustCompile(`rx \d+: LOOKUP n\d+ +"(m\d+)"`)
 		for _, m := range re.FindAllStringSubmatch(d.Log()[mark:], -1) {
@@ -132,6 +135,22 @@ func TestNoPrunerKeepsMessageInodes(t *testing.T) {
 	if got := metric(t, d, "yirangmq_message_inodes"); got < n {
 		t.Errorf("yirangmq_message_inodes = %d with no limit, want at least %d", got, n)
 	}
+}
+
+// logCaughtUp makes one more request in queue dir q, a LOOKUP of a name
+// no one uses (tag-mark), and waits until the daemon's request log (--debug)
+// has it. The log reaches the test through a pipe, some time after the
+// requests; a request is logged when it is received, so once this LOOKUP
+// is in the log, so is every request that the calls before it made.
+func logCaughtUp(t *testing.T, d *testenv.Daemon, q, tag string) {
+	t.Helper()
+	name := tag + "-mark"
+	if _, err := os.Lstat(filepath.Join(q, "inbox", name)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("lstat inbox/%s: %v, want ENOENT", name, err)
+	}
+	testenv.MustRetryUntil(t, 5*time.Second, "the LOOKUP of inbox/"+name+" in the request log", func() bool {
+		return strings.Contains(d.Log(), `"`+name+`"`)
+	})
 }
 
 func waitInodes(t *testing.T, d *testenv.Daemon, limit int64) {
@@ -320,14 +339,9 @@ func TestReadsSendNoFlush(t *testing.T) {
 	}
 	eachBackend(t, testenv.DaemonOptions{Sync: "normal", Args: []string{"--debug"}}, func(t *testing.T, d *testenv.Daemon) {
 		q := mkq(t, d, "q", "")
-		testenv.MustSh(t, q, `echo body > inbox/A && echo big > inbox/B && test ! -e inbox/published-mark`)
+		testenv.MustSh(t, q, `echo body > inbox/A && echo big > inbox/B`)
 		flushes := regexp.MustCompile(`rx \d+: FLUSH `)
-		// The daemon's log reaches the test through a pipe, some time
-		// after the requests: the publishes' FLUSHes are in it once the
-		// LOOKUP that came after them is.
-		testenv.MustRetryUntil(t, 5*time.Second, "the LOOKUP after the publishes in the request log", func() bool {
-			return strings.Contains(d.Log(), `"published-mark"`)
-		})
+		logCaughtUp(t, d, q, "published") // else the publishes' FLUSHes may come after the mark
 		mark := len(d.Log())
 		out := testenv.MustSh(t, q, `m=$(cat .next) && cat "$m" && cat inbox/B .stats .policy > /dev/null && rm "$m"`)
 		wantOut(t, "cat of the leased message", out, "body")
