@@ -516,7 +516,8 @@ type queue struct {
 
 	dedup map[string]time.Time // dedup key → commit time
 
-	names nameCache // what this core knows of its live names: see namecache.go
+	names   nameCache    // what this core knows of its live names: see namecache.go
+	archive archiveNames // which names its archive cannot hold: see archivenames.go
 
 	counters counters
 	rates    rates

@@ -200,7 +200,7 @@ func (c *Core) ackOps(ctx context.Context, q *queue, m Message, p *Policy, now t
 		b.remove(q, m)
 		b.count(func(time.Time) { c.space.trimmed.Add(1) })
 	} else if p.Archive.Enabled {
-		prev, err := c.store.Lookup(ctx, q.name, m.Name, true)
+		prev, err := c.lookupArchived(ctx, q, m.Name)
 		switch {
 		case err == nil:
 			b.remove(q, prev) // archive/ keeps the latest ack of a name
