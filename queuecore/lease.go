@@ -187,6 +187,9 @@ func (c *Core) Ack(ctx context.Context, queueName, name string) error {
 	}
 	archive := policyOf(q).Archive.Enabled
 	_, err = c.single(ctx, queueName, name, StateLeased, archive, func(q *queue, m Message, p *Policy, now time.Time, b *batch) error {
+		// The archived claim was taken, or not, by the policy read above:
+		// a policy written since then applies from the next ack.
+		p.Archive.Enabled = archive
 		return c.ackOps(ctx, q, m, p, now, b)
 	})
 	return err
