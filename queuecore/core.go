@@ -516,8 +516,7 @@ type queue struct {
 
 	dedup map[string]time.Time // dedup key → commit time
 
-	names   nameCache    // what this core knows of its live names: see namecache.go
-	archive archiveNames // which names its archive cannot hold: see archivenames.go
+	names nameCache // what this core knows of its live names: see namecache.go
 
 	counters counters
 	rates    rates

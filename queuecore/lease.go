@@ -203,7 +203,7 @@ func (c *Core) ackOps(ctx context.Context, q *queue, m Message, p *Policy, now t
 		b.remove(q, m)
 		b.count(func(time.Time) { c.space.trimmed.Add(1) })
 	} else if p.Archive.Enabled {
-		prev, err := c.lookupArchived(ctx, q, m.Name)
+		prev, err := c.store.Lookup(ctx, q.name, m.Name, true)
 		switch {
 		case err == nil:
 			b.remove(q, prev) // archive/ keeps the latest ack of a name

@@ -142,16 +142,10 @@ func (n cachedNames) lookup(ctx context.Context, q *queue, name string) (Message
 }
 
 func (n cachedNames) opened(ctx context.Context, q *queue, live int64) error {
-	if err := n.c.loadNames(ctx, q, live); err != nil {
-		return err
-	}
-	return n.c.countArchive(ctx, q)
+	return n.c.loadNames(ctx, q, live)
 }
 
-func (cachedNames) created(q *queue) {
-	q.names.complete = true
-	q.archive.count(nil)
-}
+func (cachedNames) created(q *queue) { q.names.complete = true }
 
 func (cachedNames) wrote(ts []touch) {
 	for _, t := range ts {

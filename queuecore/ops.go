@@ -44,7 +44,7 @@ func (c *Core) lookup(ctx context.Context, q *queue, s State, name string) (Mess
 	var m Message
 	var err error
 	if s == StateArchived {
-		m, err = c.lookupArchived(ctx, q, name)
+		m, err = c.store.Lookup(ctx, q.name, name, true)
 	} else {
 		m, err = c.names.lookup(ctx, q, name)
 	}

@@ -77,7 +77,6 @@ type batch struct {
 	committed bool      // the store has it; its events may be announced
 	redeliver bool      // undone by a power cut, it only means a redelivery (a lease, an ack): Op.NoSync
 	touched   []touch   // live names written, for the name cache
-	archived  []archiveTouch
 }
 
 // touch is one live name a batch wrote: its new metadata, or gone.
@@ -109,7 +108,6 @@ type gaugeDelta struct {
 func (b *batch) insert(q *queue, m Message, body []byte, byDaemon bool) {
 	b.ops = append(b.ops, Op{Kind: OpInsert, Msg: m, Body: body})
 	b.touched = append(b.touched, touch{q: q, m: m})
-	b.archiving(q, Message{}, m)
 	b.deltas = append(b.deltas, gaugeDelta{q: q, s: m.State, n: 1, sz: m.Size})
 	b.events = append(b.events, Event{Queue: m.Queue, Name: m.Name, To: m.State, ByDaemon: b.byDaemon || byDaemon})
 	b.noteDeadline(m)
@@ -118,7 +116,6 @@ func (b *batch) insert(q *queue, m Message, body []byte, byDaemon bool) {
 func (b *batch) update(q *queue, old, m Message) {
 	b.ops = append(b.ops, Op{Kind: OpUpdate, Msg: m, From: old.State})
 	b.touched = append(b.touched, touch{q: q, m: m})
-	b.archiving(q, old, m)
 	if old.State != m.State {
 		b.deltas = append(b.deltas,
 			gaugeDelta{q: q, s: old.State, n: -1, sz: -old.Size},
@@ -131,21 +128,8 @@ func (b *batch) update(q *queue, old, m Message) {
 func (b *batch) remove(q *queue, old Message) {
 	b.ops = append(b.ops, Op{Kind: OpDelete, Msg: Message{ID: old.ID, Queue: old.Queue, Name: old.Name, State: old.State, Size: old.Size, Rev: old.Rev}, From: old.State})
 	b.touched = append(b.touched, touch{q: q, m: old, gone: true})
-	b.archiving(q, old, Message{})
 	b.deltas = append(b.deltas, gaugeDelta{q: q, s: old.State, n: -1, sz: -old.Size})
 	b.events = append(b.events, Event{Queue: old.Queue, Name: old.Name, From: old.State, ByDaemon: b.byDaemon})
-}
-
-// archiving notes the names that a change from old to m (either may be
-// the zero Message: an insert, a delete) takes out of the archive of q or
-// puts in it.
-func (b *batch) archiving(q *queue, old, m Message) {
-	if old.State == StateArchived {
-		b.archived = append(b.archived, archiveTouch{q: q, name: old.Name})
-	}
-	if m.State == StateArchived {
-		b.archived = append(b.archived, archiveTouch{q: q, name: m.Name, in: true})
-	}
 }
 
 func (b *batch) count(f func(now time.Time)) { b.counts = append(b.counts, f) }
@@ -198,11 +182,6 @@ func (c *Core) commit(ctx context.Context, b *batch) error {
 		for _, t := range b.touched {
 			t.q.names.forget(t.m.Name)
 		}
-		for _, t := range b.archived {
-			if t.in {
-				t.q.archive.lose() // it may hold t.name now, uncounted
-			}
-		}
 		if c.space != nil {
 			c.space.noteWriteError(err)
 		}
@@ -238,13 +217,6 @@ func (c *Core) applied(b *batch) {
 		d.q.mu.Unlock()
 	}
 	c.names.wrote(b.touched)
-	for _, t := range b.archived {
-		if t.in {
-			t.q.archive.add(t.name)
-		} else {
-			t.q.archive.drop(t.name)
-		}
-	}
 	for _, f := range b.counts {
 		f(now)
 	}
