@@ -48,7 +48,7 @@ fuzz:
 # version-stamped, in $(RELEASE_DIR) with SHA256SUMS (docs/operations.md).
 # Needs: apt-get install gcc-aarch64-linux-gnu gcc-arm-linux-gnueabihf
 # libc6-dev-arm64-cross libc6-dev-armhf-cross. RELEASE_TAGS=nopostgres
-# (added to the defaults) leaves the postgres store and pgx out: 6 MB less.
+# (added to the defaults) leaves the postgres store and pgconn out: 3 MB less.
 RELEASE_DIR     ?= bin/release
 RELEASE_TAGS    ?=
 RELEASE_ARCHES  ?= amd64 arm64 armv7

@@ -2,7 +2,10 @@
 // queuecore.SharedStore that several daemons, on one host or several, use
 // at once. Open takes a libpq-style URL or key=value DSN
 // (postgres://user@host/db?sslmode=..., host=/run/postgresql dbname=mq);
-// pgxpool's settings (pool_max_conns, default 16 here) may be added.
+// pool_max_conns (the most connections the daemon opens at once, 16 by
+// default) may be added; pgxpool's other pool_* settings are ignored, with
+// a warning. The store speaks to the server through pgconn, the
+// wire-protocol layer of pgx, and its own pool and type mapping (pg.go).
 //
 // # Schema (schema.go)
 //
@@ -30,7 +33,7 @@
 // # Writes (write.go)
 //
 // An Apply is one transaction and one round trip: its statements and the
-// notification are sent as one pgx batch, which PostgreSQL runs as one
+// notification are sent as one batch (one Sync), which PostgreSQL runs as one
 // implicit transaction, rolled back whole at the first error. An update or
 // delete that finds no row at its revision fails the batch with
 // ErrConflict (the message exists at another revision) or ErrNotFound; a

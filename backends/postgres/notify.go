@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"yirangmq/queuecore"
@@ -146,15 +145,19 @@ func (s *Store) handle(payload string) {
 	}
 }
 
-// connectListener opens the listener's connection and LISTENs.
-func (s *Store) connectListener(ctx context.Context) (*pgx.Conn, error) {
-	c, err := s.connect(ctx)
+// connectListener opens the listener's connection and LISTENs. The
+// notifications it receives are handled as they are read, on the
+// goroutine that reads them (receive's).
+func (s *Store) connectListener(ctx context.Context) (*conn, error) {
+	cfg := s.conf.Copy()
+	cfg.OnNotification = func(_ *pgconn.PgConn, n *pgconn.Notification) { s.handle(n.Payload) }
+	c, err := s.connect(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
 	lctx, cancel := context.WithTimeout(ctx, pingTimeout)
 	defer cancel()
-	if _, err := c.Exec(lctx, "LISTEN "+pgx.Identifier{s.channel}.Sanitize()); err != nil {
+	if _, err := c.Exec(lctx, "LISTEN "+quoteIdent(s.channel)); err != nil {
 		closeConn(c)
 		return nil, err
 	}
@@ -164,7 +167,7 @@ func (s *Store) connectListener(ctx context.Context) (*pgx.Conn, error) {
 // listenLoop delivers the notifications c receives until ctx is done. When
 // the connection fails it reconnects, with backoff, and then delivers a
 // resync: what was committed meanwhile was not heard.
-func (s *Store) listenLoop(ctx context.Context, c *pgx.Conn) {
+func (s *Store) listenLoop(ctx context.Context, c *conn) {
 	for {
 		err := s.receive(ctx, c)
 		closeConn(c)
@@ -180,12 +183,12 @@ func (s *Store) listenLoop(ctx context.Context, c *pgx.Conn) {
 	}
 }
 
-// receive waits for notifications on c and handles them, until c fails or
-// ctx is done.
-func (s *Store) receive(ctx context.Context, c *pgx.Conn) error {
+// receive waits for notifications on c, which handles them, until c
+// fails or ctx is done.
+func (s *Store) receive(ctx context.Context, c *conn) error {
 	for {
 		wctx, cancel := context.WithTimeout(ctx, listenPing)
-		n, err := c.WaitForNotification(wctx)
+		err := c.pg.WaitForNotification(wctx)
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
@@ -200,17 +203,13 @@ func (s *Store) receive(ctx context.Context, c *pgx.Conn) error {
 			if err != nil {
 				return fmt.Errorf("ping: %w", err)
 			}
-			continue
-		}
-		if n != nil {
-			s.handle(n.Payload)
 		}
 	}
 }
 
 // reconnectListener connects again, with exponential backoff, until it
 // succeeds (nil once ctx is done).
-func (s *Store) reconnectListener(ctx context.Context) *pgx.Conn {
+func (s *Store) reconnectListener(ctx context.Context) *conn {
 	delay := 100 * time.Millisecond
 	lastWarn := time.Now() // listenLoop has just warned
 	for {

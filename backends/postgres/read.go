@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"yirangmq/queuecore"
 )
 
@@ -45,18 +43,18 @@ func (s *Store) Queues(ctx context.Context) ([]queuecore.QueueInfo, error) {
 	defer done()
 	ctx, cancel := readCtx(ctx, callTimeout)
 	defer cancel()
-	rows, err := s.pool.Query(ctx, sqlQueues)
+	rs, err := s.pool.Query(ctx, sqlQueues)
 	if err != nil {
 		return nil, fmt.Errorf("list queues: %w", err)
 	}
-	defer rows.Close()
+	defer rs.Close()
 	var qs []queuecore.QueueInfo
-	for rows.Next() {
+	for rs.Next() {
 		var (
 			q                      queuecore.QueueInfo
 			uid, gid, mode, nanosT int64
 		)
-		if err := rows.Scan(&q.Name, &q.Policy, &uid, &gid, &mode, &nanosT); err != nil {
+		if err := rs.Scan(&q.Name, &q.Policy, &uid, &gid, &mode, &nanosT); err != nil {
 			return nil, fmt.Errorf("list queues: read queue %q: %w", q.Name, err)
 		}
 		if q.Policy == nil {
@@ -65,7 +63,7 @@ func (s *Store) Queues(ctx context.Context) ([]queuecore.QueueInfo, error) {
 		q.UID, q.GID, q.Mode, q.CreatedAt = uint32(uid), uint32(gid), uint32(mode), fromNanos(nanosT)
 		qs = append(qs, q)
 	}
-	if err := rows.Err(); err != nil {
+	if err := rs.Err(); err != nil {
 		return nil, fmt.Errorf("list queues: %w", err)
 	}
 	return qs, nil
@@ -97,11 +95,11 @@ func (s *Store) lookup(ctx context.Context, queue, name string, archived bool) (
 	if archived {
 		q = sqlLookupArch
 	}
-	rows, err := s.pool.Query(ctx, q, queue, []byte(name))
+	rs, err := s.pool.Query(ctx, q, queue, []byte(name))
 	if err != nil {
 		return queuecore.Message{}, err
 	}
-	ms, err := collect(rows)
+	ms, err := collect(rs)
 	if err != nil {
 		return queuecore.Message{}, err
 	}
@@ -122,7 +120,7 @@ func (s *Store) Body(ctx context.Context, id uint64) ([]byte, error) {
 	defer cancel()
 	var b []byte
 	err = s.pool.QueryRow(ctx, sqlBody, int64(id)).Scan(&b)
-	if errors.Is(err, pgx.ErrNoRows) {
+	if errors.Is(err, errNoRows) {
 		err = queuecore.ErrNotFound
 	}
 	if err != nil {
@@ -181,16 +179,16 @@ func (s *Store) listChunk(ctx context.Context, queue string, state queuecore.Sta
 	defer done()
 	ctx, cancel := readCtx(ctx, callTimeout)
 	defer cancel()
-	var rows pgx.Rows
+	var rs *rows
 	if after == nil {
-		rows, err = s.pool.Query(ctx, sqlList, queue, int16(state), limit)
+		rs, err = s.pool.Query(ctx, sqlList, queue, int16(state), limit)
 	} else {
-		rows, err = s.pool.Query(ctx, sqlListAfter, queue, int16(state), after.SortKey(), int64(after.Seq), int64(after.ID), limit)
+		rs, err = s.pool.Query(ctx, sqlListAfter, queue, int16(state), after.SortKey(), int64(after.Seq), int64(after.ID), limit)
 	}
 	if err != nil {
 		return nil, err
 	}
-	return collect(rows)
+	return collect(rs)
 }
 
 // Due returns up to limit leased or delayed messages due at t, earliest
@@ -206,11 +204,11 @@ func (s *Store) Due(ctx context.Context, t time.Time, limit int) ([]queuecore.Me
 	defer done()
 	ctx, cancel := readCtx(ctx, callTimeout)
 	defer cancel()
-	rows, err := s.pool.Query(ctx, sqlDue, nanos(t), limit)
+	rs, err := s.pool.Query(ctx, sqlDue, nanos(t), limit)
 	if err != nil {
 		return nil, fmt.Errorf("due messages: %w", err)
 	}
-	ms, err := collect(rows)
+	ms, err := collect(rs)
 	if err != nil {
 		return nil, fmt.Errorf("due messages: %w", err)
 	}
@@ -228,7 +226,7 @@ func (s *Store) NextDue(ctx context.Context) (time.Time, bool, error) {
 	defer cancel()
 	var n int64
 	err = s.pool.QueryRow(ctx, sqlNextDue).Scan(&n)
-	if errors.Is(err, pgx.ErrNoRows) {
+	if errors.Is(err, errNoRows) {
 		return time.Time{}, false, nil
 	}
 	if err != nil {
@@ -247,19 +245,19 @@ func (s *Store) Counts(ctx context.Context) (map[string]map[queuecore.State]queu
 	defer done()
 	ctx, cancel := readCtx(ctx, scanTimeout)
 	defer cancel()
-	rows, err := s.pool.Query(ctx, sqlCounts)
+	rs, err := s.pool.Query(ctx, sqlCounts)
 	if err != nil {
 		return nil, fmt.Errorf("count messages: %w", err)
 	}
-	defer rows.Close()
+	defer rs.Close()
 	out := map[string]map[queuecore.State]queuecore.Count{}
-	for rows.Next() {
+	for rs.Next() {
 		var (
 			q     string
 			st    int16
 			n, sz int64
 		)
-		if err := rows.Scan(&q, &st, &n, &sz); err != nil {
+		if err := rs.Scan(&q, &st, &n, &sz); err != nil {
 			return nil, fmt.Errorf("count messages: %w", err)
 		}
 		if out[q] == nil {
@@ -267,7 +265,7 @@ func (s *Store) Counts(ctx context.Context) (map[string]map[queuecore.State]queu
 		}
 		out[q][queuecore.State(st)] = queuecore.Count{N: n, Bytes: sz}
 	}
-	if err := rows.Err(); err != nil {
+	if err := rs.Err(); err != nil {
 		return nil, fmt.Errorf("count messages: %w", err)
 	}
 	return out, nil

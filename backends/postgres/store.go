@@ -8,15 +8,15 @@ import (
 	"fmt"
 	"log/slog"
 	neturl "net/url"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"yirangmq/backends"
 	"yirangmq/queuecore"
@@ -33,8 +33,8 @@ const (
 	// which the core makes once at start.
 	scanTimeout = 2 * time.Minute
 	// defaultMaxConns is the pool size unless the URL sets pool_max_conns:
-	// pgxpool's default (the number of CPUs, at least 4) is small for a
-	// daemon whose calls mostly wait on the network.
+	// a daemon's calls mostly wait on the network, so it has more
+	// connections than CPUs.
 	defaultMaxConns = 16
 )
 
@@ -49,8 +49,8 @@ var errClosed = errors.New("postgres store is closed")
 
 // Store is a queuecore.SharedStore kept in a PostgreSQL database.
 type Store struct {
-	pool   *pgxpool.Pool
-	conf   *pgx.ConnConfig // for the dedicated connections of the listener and duty
+	pool   *pool
+	conf   *pgconn.Config // for the dedicated connections of the listener and duty
 	log    *slog.Logger
 	origin string // random, in every notification this store sends
 	// channel and dutyKey depend on the schema of the tables (storeNames).
@@ -86,11 +86,11 @@ var sessionSettings = map[string]string{
 }
 
 // Open connects to the database at url (a postgres:// URL or a key=value
-// DSN, as libpq takes them; pool_max_conns and the other pgxpool settings
-// may be added) and creates the schema if it is missing. It starts the
-// listener of change hints and the duty goroutine.
+// DSN, as libpq takes them; pool_max_conns may be added) and creates the
+// schema if it is missing. It starts the listener of change hints and the
+// duty goroutine.
 func Open(ctx context.Context, url string, opts backends.Options) (*Store, error) {
-	cfg, err := pgxpool.ParseConfig(url)
+	cc, err := pgconn.ParseConfig(url)
 	if err != nil {
 		// pgx's own text quotes the connection string; say it redacted.
 		msg := "invalid connection string"
@@ -103,7 +103,10 @@ func Open(ctx context.Context, url string, opts backends.Options) (*Store, error
 		}
 		return nil, fmt.Errorf("open postgres store: cannot parse %s: %s", Redact(url), msg)
 	}
-	cc := cfg.ConnConfig
+	maxConns, ignored, err := poolSettings(cc.RuntimeParams)
+	if err != nil {
+		return nil, fmt.Errorf("open postgres store: %s: %w", Redact(url), err)
+	}
 	if cc.ConnectTimeout == 0 || cc.ConnectTimeout > connectTimeout {
 		cc.ConnectTimeout = connectTimeout
 	}
@@ -131,23 +134,20 @@ func Open(ctx context.Context, url string, opts backends.Options) (*Store, error
 		}
 		cc.RuntimeParams["application_name"] = truncate(name, 63)
 	}
-	if !strings.Contains(url, "pool_max_conns") {
-		cfg.MaxConns = defaultMaxConns
-	}
 	origin := make([]byte, 8)
 	_, _ = rand.Read(origin) // never fails (crypto/rand)
 	s := &Store{
-		conf:   cc.Copy(),
+		conf:   cc,
+		pool:   newPool(cc, maxConns),
 		log:    opts.Log().With("store", "postgres"),
 		origin: hex.EncodeToString(origin),
+	}
+	if len(ignored) > 0 {
+		s.log.Warn("connection string settings ignored: this build has no use for them", "settings", strings.Join(ignored, ","))
 	}
 
 	openCtx, cancel := context.WithTimeout(ctx, 2*connectTimeout)
 	defer cancel()
-	s.pool, err = pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		return nil, fmt.Errorf("open postgres store: %w", err)
-	}
 	fail := func(what string, err error) (*Store, error) {
 		s.pool.Close()
 		return nil, fmt.Errorf("open postgres store %s: %s: %w", describe(cc), what, err)
@@ -156,7 +156,7 @@ func Open(ctx context.Context, url string, opts backends.Options) (*Store, error
 	if err != nil {
 		return fail("connect", err)
 	}
-	schemaName, err := migrate(openCtx, c.Conn())
+	schemaName, err := migrate(openCtx, c.conn)
 	c.Release()
 	if err != nil {
 		return fail("schema", err)
@@ -222,23 +222,51 @@ func readCtx(ctx context.Context, d time.Duration) (context.Context, context.Can
 	return context.WithTimeout(context.WithoutCancel(ctx), d)
 }
 
-// connect opens a dedicated connection (listener, duty), outside the pool.
-func (s *Store) connect(ctx context.Context) (*pgx.Conn, error) {
-	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
-	defer cancel()
-	return pgx.ConnectConfig(ctx, s.conf)
+// poolSettings takes the pool's settings out of the runtime parameters
+// that pgconn.ParseConfig left (it would send them to the server, which
+// refuses names it does not know): pool_max_conns, and the names of the
+// settings of pgx's own pool and connection, which are ignored.
+func poolSettings(params map[string]string) (maxConns int, ignored []string, err error) {
+	maxConns = defaultMaxConns
+	if v, ok := params["pool_max_conns"]; ok {
+		delete(params, "pool_max_conns")
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return 0, nil, fmt.Errorf("pool_max_conns=%q: want a positive whole number", v)
+		}
+		maxConns = n
+	}
+	for k := range params {
+		if strings.HasPrefix(k, "pool_") || k == "statement_cache_capacity" || k == "description_cache_capacity" || k == "default_query_exec_mode" {
+			delete(params, k)
+			ignored = append(ignored, k)
+		}
+	}
+	slices.Sort(ignored)
+	return maxConns, ignored, nil
 }
 
-// closeConn closes a dedicated connection without waiting long for a
-// server that is gone.
-func closeConn(c *pgx.Conn) {
+// connect opens a dedicated connection (listener, duty), outside the pool,
+// with cfg (s.conf if nil).
+func (s *Store) connect(ctx context.Context, cfg *pgconn.Config) (*conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	if cfg == nil {
+		cfg = s.conf
+	}
+	return dial(ctx, cfg)
+}
+
+// closeConn closes a connection without waiting long for a server that is
+// gone.
+func closeConn(c *conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_ = c.Close(ctx)
 }
 
 // describe names the database of cc for error messages, without password.
-func describe(cc *pgx.ConnConfig) string {
+func describe(cc *pgconn.Config) string {
 	return fmt.Sprintf("%s@%s:%d/%s", cc.User, cc.Host, cc.Port, cc.Database)
 }
 

@@ -7,9 +7,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"yirangmq/queuecore"
 )
@@ -55,7 +53,7 @@ const (
 const maxAttempts = 3
 
 // Apply commits ops atomically: the statements of all ops and the
-// notification go to the server in one round trip (a pgx batch: one
+// notification go to the server in one round trip (a batch: one
 // pipeline ending in one Sync, which PostgreSQL runs as one implicit
 // transaction, rolled back whole at the first error). Updates and deletes
 // check the revision (see SharedStore). It does not keep ops after it
@@ -64,9 +62,7 @@ func (s *Store) Apply(ctx context.Context, ops []queuecore.Op) error {
 	if len(ops) == 0 {
 		return nil
 	}
-	// Check the ops once, then build the batch anew for every try: pgx
-	// keeps what it prepared on the batch's statements, which another
-	// connection of the pool does not have.
+	// Check the ops once, then build the batch anew for every try.
 	for i := range ops {
 		if k := ops[i].Kind; k != queuecore.OpInsert && k != queuecore.OpUpdate && k != queuecore.OpDelete {
 			return fmt.Errorf("apply: op %d: unknown kind %d", i, k)
@@ -125,8 +121,8 @@ func (s *Store) committed(ops []queuecore.Op) bool {
 // applyBatch is the batch of an Apply: its statements, in order, then the
 // notification (and, in plain mode, first the setting that makes the
 // delete trigger keep Seqs too).
-func (s *Store) applyBatch(ops []queuecore.Op) *pgx.Batch {
-	b := &pgx.Batch{}
+func (s *Store) applyBatch(ops []queuecore.Op) *batch {
+	b := &batch{}
 	if s.plain {
 		b.Queue(sqlKeepSeq)
 	}
@@ -167,17 +163,17 @@ func (s *Store) revisions(rev uint64) (check any, next int64) {
 
 // batchRunner is a pool or a connection.
 type batchRunner interface {
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+	SendBatch(ctx context.Context, b *batch) *batchResults
 }
 
 var (
-	_ batchRunner = (*pgxpool.Pool)(nil)
-	_ batchRunner = (*pgxpool.Conn)(nil)
+	_ batchRunner = (*pool)(nil)
+	_ batchRunner = (*conn)(nil)
 )
 
 // execBatch runs b and returns the index of the statement that failed
 // (-1 if none, or if the batch failed as a whole).
-func execBatch(ctx context.Context, r batchRunner, b *pgx.Batch) (int, error) {
+func execBatch(ctx context.Context, r batchRunner, b *batch) (int, error) {
 	br := r.SendBatch(ctx, b)
 	for i := range b.Len() {
 		if _, err := br.Exec(); err != nil {
@@ -331,9 +327,9 @@ func (s *Store) DeleteEmptyQueue(ctx context.Context, name string) error {
 	defer cancel()
 	payload := s.payload([]queuecore.Change{{Queue: name}})
 	err = retry(func() error {
-		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		return beginFunc(ctx, s.pool, func(tx *conn) error {
 			var one int
-			if err := tx.QueryRow(ctx, `SELECT 1 FROM yirangmq_queues WHERE name = $1 FOR UPDATE`, name).Scan(&one); errors.Is(err, pgx.ErrNoRows) {
+			if err := tx.QueryRow(ctx, `SELECT 1 FROM yirangmq_queues WHERE name = $1 FOR UPDATE`, name).Scan(&one); errors.Is(err, errNoRows) {
 				return queuecore.ErrNotFound
 			} else if err != nil {
 				return err
@@ -438,32 +434,32 @@ func (s *Store) leaseOnce(ctx context.Context, queue string, skip [][]byte, chan
 	// change) is closed by the pool on release, which rolls it back.
 	defer c.Release()
 
-	b := &pgx.Batch{}
+	b := &batch{}
 	b.Queue("BEGIN")
 	b.Queue(sqlLeaseSelect, queue, skip)
 	br := c.SendBatch(ctx, b)
 	var ms []queuecore.Message
 	if _, err = br.Exec(); err == nil {
-		var rows pgx.Rows
-		if rows, err = br.Query(); err == nil {
-			ms, err = collect(rows)
+		var rs *rows
+		if rs, err = br.Query(); err == nil {
+			ms, err = collect(rs)
 		}
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		rollback(c)
+		rollback(c.conn)
 		return queuecore.Message{}, false, err
 	}
 	if len(ms) == 0 {
-		rollback(c)
+		rollback(c.conn)
 		return queuecore.Message{}, false, queuecore.ErrEmpty
 	}
 	old := ms[0]
 	m := change(old)
 	if m.ID != old.ID {
-		rollback(c)
+		rollback(c.conn)
 		return queuecore.Message{}, true, fmt.Errorf("change turned message %d into message %d", old.ID, m.ID)
 	}
 	check, rev := s.revisions(m.Rev)
@@ -471,13 +467,13 @@ func (s *Store) leaseOnce(ctx context.Context, queue string, skip [][]byte, chan
 	if m.Queue != old.Queue || m.Name != old.Name {
 		changes = []queuecore.Change{{Queue: old.Queue, Name: old.Name, From: old.State}, {Queue: m.Queue, Name: m.Name, To: m.State}}
 	}
-	b = &pgx.Batch{}
+	b = &batch{}
 	b.Queue(sqlUpdate, append(msgArgs(&m, 2), check, rev)...)
 	b.Queue(sqlNotify, s.channel, s.payload(changes))
 	b.Queue("COMMIT")
-	failed, err := execBatch(ctx, c, b)
+	failed, err := execBatch(ctx, c.conn, b)
 	if err != nil {
-		rollback(c)
+		rollback(c.conn)
 		if failed == 0 {
 			op := queuecore.Op{Kind: queuecore.OpUpdate, Msg: m, From: old.State}
 			err = fmt.Errorf("%s: %w", describeOp(&op), opError(&op, err))
@@ -490,13 +486,13 @@ func (s *Store) leaseOnce(ctx context.Context, queue string, skip [][]byte, chan
 
 // rollback ends the transaction open on c, if any; a connection that
 // cannot is closed (the server then rolls back).
-func rollback(c *pgxpool.Conn) {
-	if c.Conn().PgConn().TxStatus() == 'I' || c.Conn().IsClosed() {
+func rollback(c *conn) {
+	if c.pg.TxStatus() == 'I' || c.IsClosed() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := c.Exec(ctx, "ROLLBACK"); err != nil {
-		closeConn(c.Conn())
+		closeConn(c)
 	}
 }
