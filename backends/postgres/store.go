@@ -143,7 +143,7 @@ func Open(ctx context.Context, url string, opts backends.Options) (*Store, error
 		origin: hex.EncodeToString(origin),
 	}
 	if len(ignored) > 0 {
-		s.log.Warn("connection string settings ignored: this build has no use for them", "settings", strings.Join(ignored, ","))
+		s.log.Warn("connection string settings ignored: the store's own pool does not use them", "settings", strings.Join(ignored, ","))
 	}
 
 	openCtx, cancel := context.WithTimeout(ctx, 2*connectTimeout)
