@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -475,7 +476,7 @@ func quoteIdent(s string) string {
 // kept while idle. A connection idle for over a second is pinged before
 // it is used again, so that one the server dropped meanwhile (a restart)
 // is replaced instead of failing the call; one idle for half an hour is
-// closed.
+// closed at the next release or acquire.
 type pool struct {
 	cfg *pgconn.Config
 	sem chan struct{} // a token per connection in use
@@ -486,11 +487,11 @@ type pool struct {
 }
 
 // A connection idle for over pingAfter is pinged before it is used again;
-// one idle for over maxIdle is closed instead.
-const (
-	pingAfter = time.Second
-	maxIdle   = 30 * time.Minute
-)
+// one idle for over maxIdle is closed instead, or when another is
+// released (a variable for the tests).
+const pingAfter = time.Second
+
+var maxIdle = 30 * time.Minute
 
 func newPool(cfg *pgconn.Config, max int) *pool {
 	return &pool{cfg: cfg, sem: make(chan struct{}, max)}
@@ -563,9 +564,21 @@ func (p *pool) put(c *conn) {
 		closeConn(c)
 		return
 	}
-	c.idleSince = time.Now()
+	now := time.Now()
+	c.idleSince = now
 	p.idle = append(p.idle, c)
+	// The idle list is in the order of release, so the connections idle
+	// for too long are at its start.
+	n := 0
+	for n < len(p.idle) && now.Sub(p.idle[n].idleSince) > maxIdle {
+		n++
+	}
+	expired := slices.Clone(p.idle[:n])
+	p.idle = slices.Delete(p.idle, 0, n)
 	p.mu.Unlock()
+	for _, e := range expired {
+		closeConn(e)
+	}
 }
 
 // Close closes the idle connections; those in use are closed as they are

@@ -136,3 +136,37 @@ func TestPoolSettings(t *testing.T) {
 		}
 	}
 }
+
+// TestPoolClosesIdle: a connection idle for over maxIdle is closed when
+// another is released, and the one released is kept.
+func TestPoolClosesIdle(t *testing.T) {
+	srv := pgtest.Start(t)
+	ctx := context.Background()
+	s := open(t, srv.CreateDB(t, "idle"), backends.Options{})
+	old := maxIdle
+	maxIdle = 50 * time.Millisecond
+	t.Cleanup(func() { maxIdle = old })
+	a, err := s.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := s.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Release()
+	time.Sleep(100 * time.Millisecond)
+	b.Release()
+	if !a.IsClosed() {
+		t.Error("a connection idle for twice maxIdle is still open after another's release")
+	}
+	if b.IsClosed() {
+		t.Error("the connection just released was closed")
+	}
+	s.pool.mu.Lock()
+	n := len(s.pool.idle)
+	s.pool.mu.Unlock()
+	if n != 1 {
+		t.Errorf("%d idle connections, want 1", n)
+	}
+}
