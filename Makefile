@@ -41,7 +41,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzCheckQueueName$$' -fuzztime $(FUZZTIME) ./queuecore
 	$(GO) test -run '^$$' -fuzz '^FuzzCheckMessageName$$' -fuzztime $(FUZZTIME) ./queuecore
 	$(GO) test -run '^$$' -fuzz '^FuzzErrnoOf$$' -fuzztime $(FUZZTIME) ./fusefs
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRecord$$' -fuzztime $(FUZZTIME) ./backends/fs
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeTxn$$' -fuzztime $(FUZZTIME) ./backends/fs
+	$(GO) test -run '^$$' -fuzz '^FuzzParseFields$$' -fuzztime $(FUZZTIME) ./backends/fs
 
 # Release binaries for linux/amd64, linux/arm64 and linux/arm (GOARM=7):
 # cgo SQLite built by Debian's cross compilers, linked statically, stripped,

@@ -37,7 +37,7 @@ func errnoOf(err error) syscall.Errno {
 		return syscall.EPERM
 	case errors.Is(err, queuecore.ErrNotEmpty):
 		return syscall.ENOTEMPTY
-	case errors.Is(err, queuecore.ErrQueueFull), errors.Is(err, errDraftsFull):
+	case errors.Is(err, queuecore.ErrQueueFull), errors.Is(err, queuecore.ErrStoreFull), errors.Is(err, errDraftsFull):
 		return syscall.EDQUOT
 	case errors.Is(err, queuecore.ErrDiskLow), errors.Is(err, errMemoryFull):
 		// The device, not the queue, is full: ENOSPC, as a write to a

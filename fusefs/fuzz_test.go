@@ -125,6 +125,7 @@ func coreSentinels() map[string]struct {
 		"ErrInvalidName":  {queuecore.ErrInvalidName, syscall.EINVAL},
 		"ErrDiskLow":      {queuecore.ErrDiskLow, syscall.ENOSPC},
 		"ErrPolicyBroken": {queuecore.ErrPolicyBroken, syscall.EIO},
+		"ErrStoreFull":    {queuecore.ErrStoreFull, syscall.EDQUOT},
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -765,31 +766,15 @@ func checkNothingOutside(t *testing.T, d *testenv.Daemon) {
 	}
 	for _, n := range top {
 		switch n {
-		case "LOCK", "snapshot", "journal", "journal.old", "queues", "trash", "lost+found", queuecore.ReserveName, "staged", "spare":
+		case "LOCK", "format", "snapshot", "ids", "intents", "queues", "trash", "lost+found", queuecore.ReserveName:
 		default:
 			t.Errorf("fs store holds %q", n)
 		}
 	}
-	// Big bodies staged before their commit, named by message ID, and
-	// nothing else.
-	for _, n := range ls(t, filepath.Join(d.Store, "staged")) {
-		if _, err := strconv.ParseUint(n, 10, 64); err != nil {
-			t.Errorf("fs store holds staged/%q", n)
-		}
-	}
-	// Empty files made ahead for new bodies, numbered, in numbered
-	// directories, and nothing else.
-	for _, sub := range ls(t, filepath.Join(d.Store, "spare")) {
-		if _, err := strconv.ParseUint(sub, 10, 64); err != nil {
-			t.Errorf("fs store holds spare/%q", sub)
-			continue
-		}
-		for _, n := range ls(t, filepath.Join(d.Store, "spare", sub)) {
-			if _, err := strconv.ParseUint(n, 10, 64); err != nil {
-				t.Errorf("fs store holds spare/%s/%q", sub, n)
-			} else if fi, err := os.Stat(filepath.Join(d.Store, "spare", sub, n)); err == nil && fi.Size() != 0 {
-				t.Errorf("fs store's spare/%s/%s holds %d bytes", sub, n, fi.Size())
-			}
+	// Batches of several messages under way, numbered, and nothing else.
+	for _, n := range ls(t, filepath.Join(d.Store, "intents")) {
+		if _, err := strconv.ParseUint(strings.TrimPrefix(n, ".yirangmq.tmp."), 10, 64); err != nil {
+			t.Errorf("fs store holds intents/%q", n)
 		}
 	}
 	for _, q := range ls(t, filepath.Join(d.Store, "queues")) {
@@ -798,7 +783,7 @@ func checkNothingOutside(t *testing.T, d *testenv.Daemon) {
 			t.Errorf("fs store has a directory for queue %q the mount does not list", q)
 			continue
 		}
-		wantNames(t, "store queues/"+q, sorted(ls(t, filepath.Join(d.Store, "queues", q))), sorted(allDirs)...)
+		wantNames(t, "store queues/"+q, sorted(ls(t, filepath.Join(d.Store, "queues", q))), sorted(append(slices.Clone(allDirs), "policy.json"))...)
 		for _, dir := range allDirs {
 			// In --sync full a lease's or an ack's file moves with the sync
 			// that makes it durable, within queuecore.SyncDelay.

@@ -179,6 +179,7 @@ func Open(ctx context.Context, store Store, opts Options) (*Core, error) {
 		c.queues[info.Name] = q
 	}
 	c.sched = newScheduler(c)
+	c.applyHandChanges(ctx)
 	if c.shared != nil {
 		c.shared.Subscribe(c.external)
 		// What other daemons changed between the load above and the

@@ -26,6 +26,9 @@ var (
 	// ErrPolicyBroken: the queue's stored policy cannot be loaded, so the
 	// queue is closed until a valid policy is written to its .policy.
 	ErrPolicyBroken = errors.New("the queue's stored policy cannot be loaded; write a valid .policy") // EIO
+	// ErrStoreFull: the store holds as many messages as it may keep (the
+	// fs store's --fs-max-messages), so it takes no new one.
+	ErrStoreFull = errors.New("the store holds as many messages as it may keep") // EDQUOT
 )
 
 // InputError is bad input from a user: an invalid name, policy or flag.

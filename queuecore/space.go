@@ -105,6 +105,7 @@ type space struct {
 	reserveHeld  atomic.Int64
 	low          atomic.Bool
 	refused      atomic.Int64
+	refusedSize  atomic.Int64 // bytes of the last publish refused for the floor
 	trimmed      atomic.Int64
 	lowEvents    atomic.Int64
 	pressure     atomic.Bool // a store write failed for lack of space: reclaim at the next tick
@@ -193,6 +194,7 @@ func (sp *space) admit(n int64) error {
 	}
 	if free-n < floor {
 		sp.refused.Add(1)
+		sp.refusedSize.Store(n)
 		sp.setLow(true, free, floor)
 		return fmt.Errorf("%w: %d bytes free, floor %d", ErrDiskLow, free, floor)
 	}
@@ -311,7 +313,11 @@ func (sp *space) tick() {
 	}
 	floor := sp.floor()
 	pressure := sp.pressure.Swap(false)
-	below := floor > 0 && free < floor
+	// Under the floor, or still without room for the publish that was
+	// refused: a store that gives nothing back by itself (the fs store)
+	// would otherwise sit at the floor, refusing every publish while the
+	// archive it could trim stays whole.
+	below := floor > 0 && (free < floor || sp.low.Load() && free-sp.refusedSize.Load() < floor)
 	if !below && !pressure {
 		sp.setLow(false, free, floor)
 		sp.keepReserve(free, floor)

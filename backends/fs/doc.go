@@ -1,201 +1,115 @@
 // Package fs is the plain-directory store of yirangmq: a queuecore.Store
-// that keeps every message body as an ordinary file, so that the store can
-// be read by hand (ls, cat, grep) and backed up with any tool.
+// whose tree is the truth. Every message is one file holding its exact
+// body, in the directory of its queue and state, with its metadata in
+// extended attributes beside the bytes. A person can read the store with
+// ls, cat and getfattr, back it up with cp -a, and change it with mv, cp,
+// rm and an editor while the daemon is stopped: the next start takes each
+// change as the transition it means (queuecore.HandEdited).
 //
-// # On-disk layout
+// # On-disk layout (format 2)
 //
 //	DIR/LOCK                      advisory lock (backends.LockStore): pid and holder
-//	DIR/queues/QUEUE/STATE/NAME   one plain file per message body; STATE is
-//	                              inbox, processing, delayed, dlq or archive
-//	                              (queuecore.State.Dir). Each body file carries
-//	                              its message ID in the xattr user.yirangmq.id.
-//	DIR/snapshot                  every queue and message's metadata as of the
-//	                              last checkpoint (JSON lines, see below)
-//	DIR/journal                   committed batches since that checkpoint
-//	DIR/journal.old               the journal being checkpointed (only while a
-//	                              checkpoint runs, or after a crash during one)
-//	DIR/staged/ID                 a big body written and synced before the
-//	                              record of its commit (in SyncFull and
-//	                              SyncStrict, see Staged bodies below); a second
-//	                              link to the body file until a snapshot holds
-//	                              that record
-//	DIR/spare/K/N                 empty files made ahead, which new body files
-//	                              are written into and renamed from (spare.go),
-//	                              spread over 8 directories K, each named by a
-//	                              random number when made (DIR/spare is marked
-//	                              chattr +T where the file system knows it),
-//	                              so a body file has the attributes a file
-//	                              created in DIR/spare/K gets (default ACL,
-//	                              group); what is left is removed at Open
-//	                              and at Close
-//	DIR/trash/                    queue directories being removed after a
-//	                              DeleteQueue (emptied in the background and at Open)
-//	DIR/lost+found/               files found at Open that no metadata
-//	                              explains; kept for the operator, never read
-//	DIR/spill/QUEUE.N             the metadata of a queue's newer ready
-//	                              messages past the spill threshold (a cache:
-//	                              emptied and rebuilt at Open, see Spill)
+//	DIR/format                    "yirangmq fs store, format 2"; a later format is refused
+//	DIR/snapshot                  a header that builds of format 1 refuse (they read it first)
+//	DIR/ids                       the IDs and sequence numbers handed out so far, rounded up
+//	DIR/manifest                  every message's ID and place at the last clean stop (a hint)
+//	DIR/queues/QUEUE/policy.json  the queue's policy; its attributes: uid, gid, mode, created_at
+//	DIR/queues/QUEUE/STATE/NAME   one file per message; STATE is inbox, processing,
+//	                              delayed, dlq or archive (queuecore.State.Dir)
+//	DIR/intents/N/                a batch of several messages under way: its intent and
+//	                              the bodies of its new messages
+//	DIR/trash/                    deleted queues' directories, emptied in the background
+//	DIR/lost+found/               what Open found that cannot be a message, with the reason
+//	                              in the log
 //
-// Queue names are [A-Za-z0-9._-] and never start with '.'; message names
-// never start with '.', hold no '/' or NUL and are at most 255 bytes. Live
-// names are unique per queue and archived names among a queue's archived
-// messages, so (queue, state directory, name) names one file. Files whose
-// name starts with '.' are temporary and removed at Open.
+// Names starting with ".yirangmq.tmp." are the store's temp files and
+// directories, written whole and renamed into place; Open removes what a
+// crash left of them. Any other name starting with '.' is not a message
+// (the mount keeps such names for drafts): Open moves it to lost+found.
 //
-// # Metadata: journal and snapshot
+// # Metadata
 //
-// The files hold bodies only. Metadata (queues with their policy and
-// permissions, and every message's queuecore.Message) lives in memory, in
-// an index of B-trees (except a backlog's spilled ready messages, below),
-// and on disk in the snapshot plus the journal.
+// A message's fields are attributes user.yirangmq.KEY of its file (meta.go):
+// id, state and queue (where the daemon last put it), seq, priority,
+// message_id, published_at, first_at, state_at, deadline, attempts,
+// redrives, reason, reason_message, failed_at, consumer, dedup_key, uid,
+// gid; as text, times in RFC 3339 (UTC), fields at their default left out.
+// The file's size is the body's. rename(2) and link(2) carry them along.
 //
-// The journal is an append-only log of committed batches. Each record is a
-// frame: a 19-byte header "#LLLLLLLL CCCCCCCC\n" (payload length and
-// CRC-32C, hex) and the payload, a JSON line followed by the raw bodies of
-// the batch's inserts (each insert op says how many bytes its body has).
-// Every record has a log sequence number (lsn). A record that is cut short
-// or fails its CRC is a torn tail left by a crash: it and everything after
-// it are ignored and cut off at Open. The file is extended with zeros ahead
-// of its records, 1 MiB at a time, so that a commit's fdatasync overwrites
-// allocated blocks instead of growing the file (measured about 1.5 times
-// cheaper on the target machine); a header of zeros is the end.
+// One attribute changes with one setxattr(2), atomically. A change of
+// more (a lease: its state, deadline and consumer; a move to another
+// directory) first writes the attribute txn: the whole new metadata and
+// the paths the file goes from and to. Then the file moves and its fields
+// are written; the txn is removed once all that is durable. While it is
+// there it is the truth about the file, whatever the fields say: a start
+// that finds it finishes the change.
 //
-// The snapshot is a JSON header line, one line per queue, one line per
-// message and a trailer with a CRC-32C of everything before it. It is
-// written with the durable-write helper (temp file, fsync, rename, fsync of
-// the directory) and records the lsn it includes, so that journal records
-// it already holds are skipped on replay.
+// A batch of several messages (a publish with fanout, a forward, several
+// moves) cannot be one syscall: its intent, with the bodies of its new
+// messages, is written to DIR/intents/N and made durable before the batch
+// touches the tree, and removed once all of the batch is durable. A start
+// that finds an intent finishes its batch (intent ops whose message has
+// moved or gone since, by a person's hand, are skipped). A batch whose
+// only two ops are the delete of an archived message and the ack that
+// takes its name (the archive keeps the latest) is one rename(2) and
+// needs no intent.
 //
-// # Commits
+// # Commits and durability
 //
-// Apply validates a batch against the index, applies it there and appends
-// its record to the journal with one write(2), all under one mutex; a
-// failing batch changes nothing. Then, outside that mutex, in SyncFull it
-// waits until an fdatasync covers the record: the first waiter syncs for
-// everyone whose record was written before it started (group commit), so N
-// concurrent commits share one fsync. SyncNormal and SyncOff do not sync: a
-// write(2) survives a kill -9. Only once the record is durable are the file
-// operations done (body written to a new file, a spare made ahead or a
-// temp file, and renamed into place,
-// renamed between state directories, unlinked), in journal order by
-// whichever caller gets there first. A body file is therefore never removed
-// or replaced before the record that says so is durable, and until the
-// next checkpoint the journal holds every new body, so body files need no
-// fsync of their own. Reads come from the index; Body reads the file, or
-// the in-memory copy of a body whose file is not written yet (BodyFile,
-// which hands the file to a reader, writes it first once the record is
-// durable).
+// Apply writes the bodies of new messages to temp files with their
+// attributes (synced in SyncFull and SyncStrict), then, under the store's
+// mutex, checks the batch against the in-memory index (built at Open) and
+// changes the tree: renames of new bodies into place, moves and attribute
+// writes, unlinks. Nothing is synced under the mutex. The syncs that make
+// a commit durable are a flush's (flush.go): the group commit of every
+// change since the last one, with no commit under way while it syncs, so
+// that a flush makes durable exactly what was committed before it. A move
+// to another directory links the new name and removes the old one only
+// once a flush has made the new name durable: a rename(2) made durable in
+// its source directory first would leave the file under no name at a
+// power cut. In SyncFull a lease or an ack (queuecore.Op.NoSync) returns
+// before its flush, which comes within queuecore.SyncDelay; every other
+// commit waits for it. SyncNormal and SyncOff sync nothing: a change
+// survives the daemon's crash (the kernel has it), not a power cut.
 //
-// A failed fsync or file operation puts the store in a failed state: every
-// later change returns an error, and the next Open repairs from the journal.
-// A lack of space (ENOSPC, EDQUOT) is not a failure: a commit whose record
-// does not fit fails alone; file operations that do not fit wait in order,
-// their bodies in the journal and in memory, and a checkpoint that cannot
-// write its snapshot is held; both are retried by later commits and by
-// Reclaim (space.go), so the store comes back without a restart.
+// # Open: the tree is the truth
 //
-// # Staged bodies
+// Open reads every queue directory and every file with its attributes,
+// finishes what a crash cut short (txn attributes, then intents), and
+// builds the index. Whatever else it finds is a person's doing, and is
+// honoured:
+//   - a file where its attributes say it is: the message, unchanged
+//     (its body, its priority and the other fields as the file has them now);
+//   - a file in another state or queue than its attributes say: a move
+//     by hand (queuecore.HandMoved);
+//   - a file without attributes: a new message (queuecore.HandNew), its
+//     times the file's mtime and its owner the file's;
+//   - a second file with an ID another holds (cp -a): a copy, which gets
+//     a new ID (queuecore.HandCopied);
+//   - a message of the manifest of the last clean stop whose file is gone:
+//     a delete by hand (queuecore.HandGone); after a crash there is no
+//     manifest, and such a delete is not told from a message never there;
+//   - a directory without policy.json under queues/: a queue made by hand,
+//     with the default policy and the directory's owner and mode.
 //
-// In SyncFull and SyncStrict a body of Tuning.StageAt bytes or more
-// (256 KiB by default) does not go through the journal: Apply writes it to
-// DIR/staged/ID and fsyncs it before it takes the mutex, and every sync of
-// a journal is preceded by one of DIR/staged, so no commit returns before
-// its staged file's name is durable. The record holds the body's size and
-// CRC-32C instead of its bytes; its file operation links the staged file
-// where the message is. The staged name is kept as the journal keeps a
-// small body: until a snapshot holds the record, so Open finds the body of
-// every record it replays. A replayed record whose staged body is not
-// there was made durable by a sync that had not synced its name: it and
-// every record after it are a torn tail (no commit among them returned).
-// A big body so reaches the disk once, in the commit that waits for it,
-// instead of twice. See staged.go.
+// The store keeps such messages where they were found, with the
+// attributes they had, and reports them (HandChanges); the queue core
+// applies each as the transition it means and only then are the
+// attributes rewritten, so a crash before that finds the same changes
+// again. What cannot be a message goes to lost+found, each with a log
+// line: a directory or a non-regular file in a state directory, a name
+// the mount refuses, a file beside the state directories, a file or a
+// directory under queues/ that cannot be a queue, a second live message
+// of one name.
 //
-// # Checkpoints
+// The index keeps about 200 bytes of memory per message, so the store
+// holds at most Tuning.MaxMessages (100,000 by default): past it an insert
+// fails with queuecore.ErrStoreFull (EDQUOT through the mount).
 //
-// When the journal outgrows max(16 MiB, min(snapshot size, 32 MiB)), and
-// at Close, a checkpoint rotates the journal (journal becomes journal.old, a fresh
-// journal takes new commits), takes a copy-on-write clone of the index,
-// finishes the file operations of the old journal, syncfs(2)s the store so
-// every body file is durable, writes the snapshot and removes journal.old.
-// Commits go on meanwhile: the rotation holds the store's mutex for the
-// renames only, and leaves the sync of the old journal's tail and of the
-// directory to the next sync of the journal (Store.syncRotationLocked),
-// which runs before any later record counts as durable and before the
-// checkpoint reads the old journal. The directories are synced the
-// targets of moves first, and a body file whose move runs against that
-// order (a cycle) is linked at its old path for the time of the sync, so
-// that a power cut between the fsyncs of two directories cannot leave a
-// body in neither (dirtySet). In
-// SyncNormal, where file operations do not wait for a sync, the journals
-// are synced before the directories (syncTree).
+// # Format 1
 //
-// # Spill
-//
-// A backlog must not grow the daemon's memory with it (about 180 bytes of
-// heap a message in the index). Past the spill threshold (Tuning.SpillAt,
-// --fs-spill-at, default 4096 ready messages in a queue), the queue's
-// ready messages that sort after its last spilled one (its tail) move to
-// the queue's spill file by batches of 64, all but the newest
-// SpillAt/16 (at most 256), which absorb commits that arrive a little out
-// of (Seq, ID) order: a record of its packed metadata, in List order. A
-// record's ID must exceed the IDs two blocks before it, else the message
-// stays in the index. In memory a spilled
-// message costs about 12 bytes: a 32-bit hash of its name, its slot in an
-// open-addressing table of record numbers by name hash, and per block of
-// 64 records a file offset and a first ID. A name is found by probing the
-// table and reading the record whose hash matches (a miss reads nothing);
-// an ID by a binary search over the blocks and a read of one block. A
-// message that leaves the ready state (lease, rename, delete) is marked
-// gone in a bitmap and, if it stays live, enters the index like any
-// message; the file is removed with its last live record. List of a
-// queue's ready messages merges its tree with the spill file read a block
-// at a time; a checkpoint writes both into the snapshot, from a copy of the
-// bitmap. Below the threshold nothing changes: a small queue's messages
-// are all in the index. A higher-priority message, or one that sorts
-// before the spill's end, stays in the index, so a backlog of mixed
-// priorities spills less. A queue whose backlog never drains below the
-// threshold keeps its spill for good, so the spill is trimmed: once the
-// records at its head that are gone number at least 65,536 and at least as
-// many as the rest, after a commit that took records from it or a
-// checkpoint, when no reader (a List, a checkpoint's image) holds the
-// spill, the whole blocks of them are dropped from memory (the hashes,
-// bitmap and block offsets are copied without them, the records numbered
-// again from 0, the name table rebuilt) and punched out of the file
-// (FALLOC_FL_PUNCH_HOLE; where the file system cannot, the rest of the
-// file is copied to a new one if it is under 8 MiB; a file that cannot
-// be trimmed keeps its bytes, said once in the log, and its memory is
-// trimmed all the same). A spill then holds about twice its live records
-// plus 65,536, in memory and on disk (more while readers keep putting
-// trims off), however many messages passed through it in delivery
-// order; a trim costs time in
-// proportion to the records kept, which the records dropped pay for.
-// Records that left from behind the head (a message leased or renamed by
-// name while older ones wait) stay until the head passes them.
-//
-// The spill is a cache of the snapshot and the journal: Open removes
-// DIR/spill and spills again while it loads, so recovery runs in the same
-// bounded memory. The journal replayed at Open is at most about 32 MiB
-// (the checkpoint cap above): the replay keeps per record the journal
-// offset of a new body and a 64-bit hash of each path it touched. The repair reads state directories a chunk at a time and
-// ticks spilled messages off in a bitmap. The set of body files to fsync at
-// the next checkpoint holds at most 8192 paths; past it the checkpoint
-// fsyncs every file of the directories noted (or relies on syncfs(2) when
-// the store is not itself under FUSE).
-//
-// # Open and repair
-//
-// Open loads the snapshot, replays journal.old and journal, then reconciles
-// the tree with the metadata: temp files are removed, a body found at the
-// wrong path (a rename the crash cut off) is moved where its metadata says
-// (the ID xattr tells whose a file is; without xattrs, the paths the
-// journal gave its message), a body missing or damaged on disk is written
-// from its journal record (a staged one linked from DIR/staged, checked
-// by size and CRC; DIR/staged is emptied once the open's checkpoint has
-// synced that), a file that holds a deleted message's body is
-// removed, and files nothing explains go to lost+found. Only paths the
-// replayed journal touched are checked closely: the others are as the last
-// checkpoint synced them. A message whose
-// body is nowhere is dropped with an error in the log (only a power cut in
-// SyncNormal or SyncOff can cause that). Every repair is logged. If
-// anything was replayed or repaired, Open ends with a checkpoint.
+// Builds before format 2 kept the metadata in a snapshot and a journal.
+// Open converts such a store (upgrade.go), reading it with the code of the
+// last build that wrote it (internal/format1), which recovers it after a
+// crash as that build did.
 package fs

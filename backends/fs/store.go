@@ -2,12 +2,11 @@ package fs
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
-	"math"
 	"os"
 	"path/filepath"
 	"sync"
@@ -20,162 +19,131 @@ import (
 	"yirangmq/queuecore"
 )
 
-var _ queuecore.Store = (*Store)(nil)
+var (
+	_ queuecore.Store        = (*Store)(nil)
+	_ queuecore.HandEdited   = (*Store)(nil)
+	_ queuecore.BodyFiler    = (*Store)(nil)
+	_ queuecore.CacheShedder = (*Store)(nil)
+)
 
 // Names inside the store directory.
 const (
-	queuesDir      = "queues"
-	trashDir       = "trash"
-	lostFoundDir   = "lost+found"
-	snapshotName   = "snapshot"
-	journalName    = "journal"
-	oldJournalName = "journal.old"
-	tempPrefix     = "." // temp files start with a dot, which no message name does
-	idXattr        = "user.yirangmq.id"
+	queuesDir    = "queues"
+	intentsDir   = "intents"
+	trashDir     = "trash"
+	lostFoundDir = "lost+found"
+	formatName   = "format"
+	idsName      = "ids"
+	manifestName = "manifest"
+	snapshotName = "snapshot" // format 1's; in format 2 a file that makes format-1 builds refuse the store
+	policyName   = "policy.json"
+	// tempPrefix starts the name of every file and directory the store
+	// writes before renaming it into place; Open removes what a crash left.
+	tempPrefix = ".yirangmq.tmp."
 )
 
 // Log keys.
 const (
-	logDir      = "dir"
-	logPath     = "path"
-	logFrom     = "from"
-	logTo       = "to"
-	logID       = "id"
-	logErr      = "err"
-	logCount    = "count"
-	logBytes    = "bytes"
-	logLSN      = "lsn"
-	logAfterLSN = "after_lsn"
-	logQueue    = "queue"
-	logJournal  = "journal"
-	logOffset   = "offset"
-	logTook     = "took"
-	logSkipped  = "skipped"
-	logTorn     = "torn_tails"
+	logDir    = "dir"
+	logPath   = "path"
+	logID     = "id"
+	logErr    = "err"
+	logCount  = "count"
+	logQueue  = "queue"
+	logReason = "reason"
+	logTook   = "took"
+	logLimit  = "limit"
 )
-
-// defaultCheckpointBytes is the least journal size that triggers a
-// checkpoint; a larger snapshot raises it, so that writing snapshots costs
-// at most as much as the journal they replace.
-const defaultCheckpointBytes = 16 << 20
 
 var errBadOp = errors.New("invalid op")
 
-// config holds what tests tune.
-type config struct {
-	checkpointBytes int64
-	spillAt         int                // ready messages per queue before newer ones spill; 0: defaultSpillAt, <0: never
-	fdatasync       func(fd int) error // nil: unix.Fdatasync; tests make it fail
-	maxDirtyMoves   int                // 0: maxDirtyMoves; tests make it small
-	spillTrimAt     int                // 0: defaultSpillTrimAt; tests make it small
-	beforeFileOps   func()             // nil: nothing; tests hold a commit between its sync and its file operations
-	stageAt         int                // bodies of this size or more are staged (staged.go); 0 or less: none
-	spares          int                // spare files kept ready (spare.go); 0: spareCount, <0: none
+// DefaultMaxMessages is Tuning.MaxMessages's default: the messages the
+// store holds at most, in every queue and state together. The index keeps
+// about 200 bytes of memory a message, so this bounds it near 20 MiB.
+const DefaultMaxMessages = 100_000
+
+// Tuning holds the fs store's own settings.
+type Tuning struct {
+	// MaxMessages is the number of messages the store holds at most; an
+	// insert past it fails with queuecore.ErrStoreFull (EDQUOT through the
+	// mount). 0: DefaultMaxMessages.
+	MaxMessages int
 }
 
-func (s *Store) fdatasync(f *os.File) error {
-	if s.cfg.fdatasync != nil {
-		return s.cfg.fdatasync(int(f.Fd()))
-	}
-	return unix.Fdatasync(int(f.Fd()))
+// config holds what tests tune besides Tuning.
+type config struct {
+	maxMessages int
+	fsync       func(f *os.File) error // nil: f.Sync; tests make it fail
 }
 
 // Store is the plain-directory store. See the package comment.
 type Store struct {
-	dir  string
-	qdir string // dir/queues
-	opts backends.Options
-	log  *slog.Logger
-	cfg  config
-	lock *backends.Lock
+	dir, qdir string
+	opts      backends.Options
+	log       *slog.Logger
+	cfg       config
+	lock      *backends.Lock
+	// durable says whether the store syncs at all (SyncFull, SyncStrict).
+	durable bool
 
-	// mu guards the index and everything below up to the next comment.
-	// Commits hold it to validate, apply and append; reads share it.
-	mu          sync.RWMutex
-	ix          *index
-	lsn         uint64                  // of the last committed record
-	pending     []pendingRecord         // committed records whose file operations are not done, in order
-	unwritten   map[uint64]*pendingBody // bodies whose file is not written yet
-	busy        map[uint64]int32        // file operations not done, per message
-	progress    chan struct{}           // closed and replaced whenever file operations progress
-	failErr     error                   // set once: the store refuses changes
-	closed      bool
-	sinceCkpt   int64 // journal bytes since the last rotation
-	ckptAt      int64 // sinceCkpt that triggers a checkpoint
-	ckptRunning bool
-	inflight    sync.WaitGroup // commits that have not returned
-	lazyArmed   bool           // lazyTimer runs (commitLazyLocked); under mu
-	lazyTimer   *time.Timer
-	// stalled is set while file operations wait for space (runFileOps);
-	// held is a checkpoint that rotated the journal but could not finish
-	// for lack of space: Reclaim finishes it (space.go).
-	stalled bool
-	held    *heldCheckpoint
+	// mu guards the index and every change of the tree: commits hold it
+	// for their renames, links and attribute writes (never for an fsync);
+	// reads share it.
+	mu      sync.RWMutex
+	ix      *index
+	idsMark uint64 // IDs and Seqs up to here are reserved in DIR/ids
+	failErr error  // set once: the store refuses changes
+	closed  bool
+	// txns are the files whose keyTxn attribute is still on, by message
+	// ID: removed once their change is durable (flush.go).
+	txns   map[uint64]pendingTxn
+	txnGen uint64
+	// stale are the old names of moved files, kept until the new name is
+	// durable (flush.go), by path, and the paths by message ID.
+	stale   map[string]staleLink
+	staleOf map[uint64][]string
+	// rewrite are messages whose file's attributes are not what the index
+	// says (found changed by hand at Open): their next update writes every
+	// field.
+	rewrite  map[uint64]bool
+	hand     []queuecore.HandChange
+	batchGen atomic.Uint64 // numbers batch directories and trashed queues
+	tempGen  atomic.Uint64 // numbers temp files
+	// treeMu orders the tree's changes and their syncs: commits hold it
+	// for reading while they change the tree, a flush for writing while
+	// it syncs, so that a flush makes durable exactly the changes of the
+	// commits before it and none of a later one (flush.go).
+	treeMu sync.RWMutex
+	full   limitLog
 
-	cur     atomic.Pointer[journal] // the journal appended to; replaced under mu
-	written atomic.Int64            // logical end of what has been written to the journal
-	synced  atomic.Int64            // logical end of what is durable in the store's SyncMode
-	syncMu  sync.Mutex              // held by the group-commit leader while it syncs
-	fsyncs  atomic.Int64            // journal fdatasyncs done by commits (for tests and benchmarks)
+	inflight sync.WaitGroup // commits that have not returned
+	trashWG  sync.WaitGroup // removal of deleted queues' trees
+	fl       flusher
+}
 
-	// fileMu orders file operations: held for writing while they are done,
-	// for reading while Body reads a file, so that a body file is not moved
-	// between finding its path and opening it.
-	fileMu  sync.RWMutex
-	applied int64 // logical position up to which file operations are done
-	// placed are the staged bodies linked where their message is, whose
-	// staged names wait for a snapshot that holds their record (staged.go).
-	placed []placedBody
+// staleLink is the old name of a moved message: gen tells it from a later
+// old name at the same path.
+type staleLink struct {
+	id, gen uint64
+}
 
-	spares  *spares        // empty files for new bodies (spare.go); nil: none
-	bg      sync.WaitGroup // background checkpoint
-	trashWG sync.WaitGroup // removal of deleted queues' trees
-	noXattr atomic.Bool    // the file system refused user xattrs
-	// stagedDirty is set when a body is staged, cleared when DIR/staged
-	// is synced (syncStagedLocked).
-	stagedDirty atomic.Bool
-	dirty       dirtySet // files and directories to fsync at the next checkpoint
+// pendingTxn is a txn attribute left on a file: gen tells it from a later
+// one on the same file; fieldsOK is false when the fields beside it could
+// not be written (the txn then stays the truth until they are).
+type pendingTxn struct {
+	gen      uint64
+	fieldsOK bool
 }
 
 // Open opens (creating if needed) the store in dir, taking its lock, and
-// recovers it: snapshot, journal replay, reconciliation of the tree.
+// reads the tree: see "Open" in the package comment.
 func Open(ctx context.Context, dir string, opts backends.Options) (*Store, error) {
-	return open(ctx, dir, opts, config{checkpointBytes: defaultCheckpointBytes, stageAt: defaultStageAt})
+	return OpenTuned(ctx, dir, opts, Tuning{})
 }
-
-// Tuning holds the fs store's own settings.
-type Tuning struct {
-	// SpillAt is the number of ready messages a queue keeps in memory
-	// before newer ones go to its spill file (0: DefaultSpillAt; negative:
-	// never spill, every message stays in memory).
-	SpillAt int
-	// CheckpointBytes is the least journal size that starts a checkpoint
-	// (0: 16 MiB; a larger snapshot raises it). Tests make it small, so
-	// that journal rotations and checkpoints run under their load.
-	CheckpointBytes int64
-	// StageAt is the body size from which, in SyncFull and SyncStrict, a
-	// body is written to a file of its own and synced before its commit
-	// instead of going through the journal (0: DefaultStageAt; negative:
-	// never, every body goes through the journal).
-	StageAt int
-}
-
-// DefaultStageAt is Tuning.StageAt's default.
-const DefaultStageAt = defaultStageAt
-
-// DefaultSpillAt is Tuning.SpillAt's default.
-const DefaultSpillAt = defaultSpillAt
 
 // OpenTuned is Open with Tuning.
 func OpenTuned(ctx context.Context, dir string, opts backends.Options, t Tuning) (*Store, error) {
-	cfg := config{checkpointBytes: t.CheckpointBytes, spillAt: t.SpillAt, stageAt: t.StageAt}
-	if cfg.stageAt == 0 {
-		cfg.stageAt = defaultStageAt
-	}
-	if cfg.checkpointBytes <= 0 {
-		cfg.checkpointBytes = defaultCheckpointBytes
-	}
-	return open(ctx, dir, opts, cfg)
+	return open(ctx, dir, opts, config{maxMessages: t.MaxMessages})
 }
 
 func open(ctx context.Context, dir string, opts backends.Options, cfg config) (*Store, error) {
@@ -184,53 +152,38 @@ func open(ctx context.Context, dir string, opts backends.Options, cfg config) (*
 	default:
 		return nil, fmt.Errorf("open fs store: sync mode %d: %w", opts.Sync, errBadOp)
 	}
+	if cfg.maxMessages <= 0 {
+		cfg.maxMessages = DefaultMaxMessages
+	}
 	lock, err := backends.LockStore(dir, opts.Holder)
 	if err != nil {
 		return nil, err
 	}
 	s := &Store{
-		dir:       dir,
-		qdir:      filepath.Join(dir, queuesDir),
-		opts:      opts,
-		log:       opts.Log().With(logDir, dir),
-		cfg:       cfg,
-		lock:      lock,
-		ix:        newIndex(),
-		unwritten: map[uint64]*pendingBody{},
-		busy:      map[uint64]int32{},
-		progress:  make(chan struct{}),
-		ckptAt:    cfg.checkpointBytes,
+		dir:     dir,
+		qdir:    filepath.Join(dir, queuesDir),
+		opts:    opts,
+		log:     opts.Log().With(logDir, dir),
+		cfg:     cfg,
+		lock:    lock,
+		durable: opts.Sync.Durable(),
+		ix:      newIndex(),
+		txns:    map[uint64]pendingTxn{},
+		stale:   map[string]staleLink{},
+		staleOf: map[uint64][]string{},
+		rewrite: map[uint64]bool{},
 	}
-	s.dirty.freshAfter = math.MaxUint64 // every move kept until Open ends (dirtySet)
-	s.dirty.maxMoves = cmp.Or(cfg.maxDirtyMoves, maxDirtyMoves)
-	s.ix.spillAt = cfg.spillAt
-	if s.ix.spillAt == 0 {
-		s.ix.spillAt = defaultSpillAt
-	}
-	s.ix.spillKeep = spillKeepFor(s.ix.spillAt)
-	s.ix.spillBatch = spillBatchFor(s.ix.spillKeep)
-	s.ix.spillTrim = cmp.Or(cfg.spillTrimAt, defaultSpillTrimAt)
-	s.ix.spillDir = filepath.Join(dir, spillDir)
-	s.ix.spillLog = func(msg string, err error) { s.log.Warn(msg, logErr, err) }
-	if err := s.recover(ctx); err != nil {
-		if j := s.cur.Load(); j != nil {
-			j.f.Close()
-		}
+	s.fl.init()
+	if err := s.load(ctx); err != nil {
 		lock.Unlock()
 		return nil, fmt.Errorf("open fs store %s: %w", dir, err)
-	}
-	s.dirty.opened(s.ix.maxID)
-	n := cmp.Or(cfg.spares, spareCount)
-	if s.spares, err = startSpares(dir, n, s.log); err != nil {
-		// Publishes create their own files, as without the pool.
-		s.log.Warn("no spare body files", logErr, err)
 	}
 	return s, nil
 }
 
-// Close finishes pending commits, checkpoints and releases the lock.
+// Close makes every change durable, writes the manifest and releases the
+// lock.
 func (s *Store) Close() error {
-	s.flushLazy() // the leases and acks not synced yet, and their files
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -239,40 +192,25 @@ func (s *Store) Close() error {
 	s.closed = true
 	s.mu.Unlock()
 	s.inflight.Wait()
-	s.bg.Wait()
+	s.fl.stopTimer()
 
 	var errs []error
-	s.mu.RLock()
-	failed, dirty, held := s.failErr, s.sinceCkpt > 0, s.held
-	s.mu.RUnlock()
-	if failed != nil {
-		errs = append(errs, fmt.Errorf("close fs store %s: not checkpointed, the store failed: %w", s.dir, failed))
-	} else {
-		var err error
-		if held != nil {
-			err = s.finishCheckpoint(held.start, held.old, held.img)
-		}
-		if err == nil && dirty {
-			err = s.checkpoint()
-		}
-		if err != nil {
-			// A full disk: the journals stay for the next Open to replay.
-			errs = append(errs, fmt.Errorf("close fs store %s: %w", s.dir, err))
+	if err := s.flushAll(); err != nil {
+		errs = append(errs, err)
+	}
+	s.mu.Lock()
+	failed := s.failErr
+	if failed == nil {
+		if err := s.finishTxnsLocked(); err != nil {
+			errs = append(errs, err)
 		}
 	}
-	s.mu.RLock()
-	held = s.held
-	s.mu.RUnlock()
-	if held != nil {
-		_ = held.old.f.Close()
-		held.img.release()
-	}
+	s.mu.Unlock()
 	s.trashWG.Wait()
-	s.spares.close() // after the checkpoint, whose file operations may take one
-	if j := s.cur.Load(); j != nil {
-		if err := j.f.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("close journal: %w", err))
-		}
+	if failed != nil {
+		errs = append(errs, fmt.Errorf("close fs store %s: no manifest written, the store failed: %w", s.dir, failed))
+	} else if err := s.writeManifest(); err != nil {
+		errs = append(errs, fmt.Errorf("close fs store %s: %w", s.dir, err))
 	}
 	if err := s.lock.Unlock(); err != nil {
 		errs = append(errs, fmt.Errorf("unlock: %w", err))
@@ -293,21 +231,14 @@ func (s *Store) writableLocked() error {
 
 // failLocked puts the store in the failed state: it refuses every later
 // change, since what is on disk is no longer known (a failed fsync may
-// have dropped pages). The next Open repairs from the journal.
+// have dropped pages, a batch stopped half way). The next Open finishes
+// from the tree, its txn attributes and its intents.
 func (s *Store) failLocked(err error) {
 	if s.failErr != nil {
 		return
 	}
 	s.failErr = err
 	s.log.Error("fs store failed; it refuses changes until reopened", logErr, err)
-	close(s.progress)
-	s.progress = make(chan struct{})
-}
-
-func (s *Store) failure() error {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return s.failErr
 }
 
 // Queues lists every queue by name.
@@ -328,11 +259,7 @@ func (s *Store) Lookup(ctx context.Context, queue, name string, archived bool) (
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if q := s.ix.queues[queue]; q != nil {
-		e, err := q.named(name, archived)
-		if err != nil {
-			return queuecore.Message{}, fmt.Errorf("message %q in queue %q: %w", name, queue, err)
-		}
-		if e != nil {
+		if e := q.named(name, archived); e != nil {
 			return e.message(), nil
 		}
 	}
@@ -344,7 +271,7 @@ func (s *Store) Lookup(ctx context.Context, queue, name string, archived bool) (
 const smallList = 256
 
 // List calls fn with the messages of a queue in one state, in (SortKey,
-// Seq) order. It walks a snapshot of the state, so fn runs without a lock.
+// Seq) order. It walks a copy of the state, so fn runs without a lock.
 func (s *Store) List(ctx context.Context, queue string, state queuecore.State, fn func(queuecore.Message) bool) error {
 	if !state.Valid() {
 		return fmt.Errorf("list: state %d: %w", state, errBadOp)
@@ -354,10 +281,6 @@ func (s *Store) List(ctx context.Context, queue string, state queuecore.State, f
 	if q == nil {
 		s.mu.RUnlock()
 		return fmt.Errorf("list queue %q: %w", queue, queuecore.ErrNotFound)
-	}
-	if state == queuecore.StateReady && q.spill != nil {
-		s.mu.RUnlock()
-		return s.listSpilled(ctx, queue, fn)
 	}
 	t := q.byState[state]
 	if t.Len() <= smallList {
@@ -375,7 +298,7 @@ func (s *Store) List(ctx context.Context, queue string, state queuecore.State, f
 		return nil
 	}
 	s.mu.RUnlock()
-	s.mu.Lock()
+	s.mu.Lock() // Clone writes to the tree it clones
 	q = s.ix.queues[queue]
 	if q == nil {
 		s.mu.Unlock()
@@ -434,108 +357,27 @@ func (s *Store) Counts(ctx context.Context) (map[string]map[queuecore.State]queu
 	return out, nil
 }
 
-// MaxID is the largest ID or Seq the store has been given.
+// MaxID is the largest ID or Seq the store has been given, or reserved
+// (DIR/ids), whichever is larger.
 func (s *Store) MaxID(ctx context.Context) (uint64, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return s.ix.maxID, nil
+	return max(s.ix.maxID, s.idsMark), nil
 }
 
-// Body returns the body of message id. A body whose file is not written
-// yet comes from memory; one whose file is about to move is read where it
-// is until the move is done (bodyEntry), so a body is never read from the
-// wrong file.
-func (s *Store) Body(ctx context.Context, id uint64) ([]byte, error) {
-	at, pb, err := s.bodyEntry(id)
-	if err != nil {
-		return nil, err
-	}
-	defer s.fileMu.RUnlock()
-	if pb != nil {
-		if pb.data == nil {
-			return []byte{}, nil
-		}
-		return bytes.Clone(pb.data), nil
-	}
-	b, err := os.ReadFile(at.path)
-	if err != nil {
-		return nil, fmt.Errorf("body of message %d: %w", id, err)
-	}
-	return b, nil
+// HandChanges returns what Open found changed by hand in the tree, for
+// the queue core to apply once (queuecore.HandEdited).
+func (s *Store) HandChanges() []queuecore.HandChange {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := s.hand
+	s.hand = nil
+	return h
 }
 
-// bodyAt is where a message's body is: its file's path and size, the
-// message's at the time of the look-up.
-type bodyAt struct {
-	path string
-	size int64
-}
-
-// bodyEntry finds message id (spilled ones too) and where its body is, and
-// returns with s.fileMu held for reading (the caller releases it), so that
-// the file stays where it was found: pb is the body while its file is not
-// written yet, else the file is at at.path. A file that pending operations
-// are to move (a lease or an ack not synced yet, commitLazyLocked, or
-// operations held back by a full disk) is read where it is now
-// (pendingFrom): the reader neither forces a sync nor waits for space.
-func (s *Store) bodyEntry(id uint64) (bodyAt, *pendingBody, error) {
-	s.fileMu.RLock()
-	s.mu.RLock()
-	at, pb, err := s.findBodyLocked(id)
-	s.mu.RUnlock()
-	if err != nil {
-		s.fileMu.RUnlock()
-		return bodyAt{}, nil, fmt.Errorf("body of message %d: %w", id, err)
-	}
-	return at, pb, nil
-}
-
-// findBodyLocked is bodyEntry's look-up; s.fileMu and s.mu are held.
-func (s *Store) findBodyLocked(id uint64) (bodyAt, *pendingBody, error) {
-	e, err := s.ix.get(id)
-	if err == nil && e == nil {
-		err = queuecore.ErrNotFound
-	}
-	if err != nil {
-		return bodyAt{}, nil, err
-	}
-	if pb := s.unwritten[id]; pb != nil {
-		return bodyAt{}, pb, nil
-	}
-	if s.busy[id] == 0 {
-		return bodyAt{path: s.entryPath(e), size: e.size}, nil, nil
-	}
-	from, ok := s.pendingFrom(id)
-	if s.failErr != nil && !(ok && from == s.stagedPath(id)) {
-		// After a failure the file operations stop where they were; a
-		// staged body not placed yet is still where it was staged.
-		return bodyAt{}, nil, fmt.Errorf("the store failed: %w", s.failErr)
-	}
-	if !ok {
-		// Not written yet is s.unwritten, removed is gone from the index.
-		return bodyAt{}, nil, fmt.Errorf("its pending file operations do not start with a rename: %w", errBadOp)
-	}
-	return bodyAt{path: from, size: e.size}, nil, nil
-}
-
-// pendingFrom is where the body file of message id is while file
-// operations on it wait: the first of them moves it from there. The caller
-// holds s.fileMu (for reading at least) and s.mu, so the tree has none of
-// the pending operations done: they run in journal order under fileMu
-// held for writing, and runFileOps puts back those a full disk held back
-// before it lets go of fileMu. ok is false when the first is not a rename
-// (a body not written yet is in s.unwritten; a removed message is gone
-// from the index).
-func (s *Store) pendingFrom(id uint64) (from string, ok bool) {
-	for _, r := range s.pending {
-		for _, op := range r.ops {
-			if op.id == id && isMessageOp(op.kind) {
-				return op.from, op.kind == opRename || op.kind == opPlace
-			}
-		}
-	}
-	return "", false
-}
+// ShedCaches does nothing: the index is the store's only copy of the
+// metadata it serves, and the kernel's page cache is the kernel's.
+func (s *Store) ShedCaches() {}
 
 // bodyPath is where the body of a message in queue q, state st, named name
 // lives.
@@ -544,3 +386,83 @@ func (s *Store) bodyPath(q string, st queuecore.State, name string) string {
 }
 
 func (s *Store) entryPath(e *entry) string { return s.bodyPath(e.q.name, e.state, e.name()) }
+
+// bodyRetries is how often a read looks the path up again when the file
+// moved between the look-up and the open (a lease renames it).
+const bodyRetries = 4
+
+// openBody opens the body file of message id read-only, checked to be a
+// regular file of the size the index has.
+func (s *Store) openBody(id uint64) (*os.File, error) {
+	for try := 0; ; try++ {
+		s.mu.RLock()
+		e := s.ix.byID[id]
+		var p string
+		var size int64
+		if e != nil {
+			p, size = s.entryPath(e), e.size
+		}
+		s.mu.RUnlock()
+		if e == nil {
+			return nil, fmt.Errorf("body of message %d: %w", id, queuecore.ErrNotFound)
+		}
+		f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+		if errors.Is(err, os.ErrNotExist) && try < bodyRetries {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("body of message %d: %w", id, err)
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("body of message %d: %w", id, err)
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size != size {
+			f.Close()
+			return nil, fmt.Errorf("body of message %d: %s is not its body file (mode %o, %d bytes, want %d): changed outside the daemon", id, p, st.Mode, st.Size, size)
+		}
+		return f, nil
+	}
+}
+
+// Body returns the body of message id.
+func (s *Store) Body(ctx context.Context, id uint64) ([]byte, error) {
+	f, err := s.openBody(id)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(f)
+	if err != nil {
+		return nil, fmt.Errorf("body of message %d: %w", id, err)
+	}
+	return b, nil
+}
+
+// BodyFile opens the body file of message id read-only, for a reader that
+// reads it in place (queuecore.BodyFiler). Body files are written whole to
+// a temp file and renamed into place, and never written again by the
+// daemon, so the bytes behind the descriptor stay the message's whatever
+// happens to the name afterwards.
+func (s *Store) BodyFile(ctx context.Context, id uint64) (*os.File, error) {
+	return s.openBody(id)
+}
+
+// limitLog says a refusal at most once a minute, with a count.
+type limitLog struct {
+	mu      sync.Mutex
+	last    time.Time
+	skipped int
+}
+
+func (l *limitLog) allow(now time.Time) (ok bool, skipped int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now.Sub(l.last) < time.Minute {
+		l.skipped++
+		return false, 0
+	}
+	l.last, skipped, l.skipped = now, l.skipped, 0
+	return true, skipped
+}

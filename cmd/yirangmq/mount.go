@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -40,7 +39,7 @@ type mountFlags struct {
 	maxMessageInodes                int
 	cpuProfile                      string
 	sqliteFileBodies                string
-	fsStageBodies                   string
+	fsStageBodies, fsSpillAt        string // ignored: settings of the fs store's format 1
 	// limits for several users on one mount (docs/multiuser.md)
 	nextReaders, nextReadersPerUID, nextReadersPerQueue int
 	draftMiB, draftMiBPerUID                            int64
@@ -56,7 +55,7 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	fl.StringVar(&f.backend, "backend", "sqlite", "store backend: sqlite, fs or postgres")
 	fl.StringVar(&f.store, "store", defaultStore(), "store directory (created on first use), or with --backend postgres a connection URL")
 	fl.StringVar(&f.sync, "sync", "full", "durability: full (a message on disk at close; leases and acks within 100 ms), strict (leases and acks on disk too before they return), normal (survives a daemon crash) or off")
-	fl.StringSliceVarP(&f.options, "options", "o", nil, "mount options: allow_other, backend=, sync=, store=, min_free=, memory_budget=, max_message_inodes=, sqlite_file_bodies=, fs_stage_bodies= (others of mount(8) are accepted and ignored)")
+	fl.StringSliceVarP(&f.options, "options", "o", nil, "mount options: allow_other, backend=, sync=, store=, min_free=, memory_budget=, max_message_inodes=, sqlite_file_bodies=, fs_max_messages= (others of mount(8) are accepted and ignored)")
 	fl.BoolVar(&f.daemon, "daemon", false, "return once the mount is ready, leaving the daemon in the background")
 	fl.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fl.StringVar(&f.logFile, "log-file", "", "append the log to this file instead of stderr (with --daemon: STORE/yirangmq.log by default)")
@@ -72,8 +71,13 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	fl.Int64Var(&f.draftMiBPerUID, "max-draft-mib-per-uid", lim.MaxDraftBytesPerUID>>20, "MiB held for files not committed yet, per writer uid")
 	fl.StringVar(&f.memoryBudget, "memory-budget", "auto", "RSS at which the daemon sheds caches (70%) and refuses new messages with ENOSPC (90%): a size (48MiB), off, or auto (3/4 of the cgroup's memory limit; off without one)")
 	fl.StringVar(&f.sqliteFileBodies, "sqlite-file-bodies", "256K", "with --backend sqlite: bodies of this SIZE or more are kept in files of their own (STORE/bodies/), which readers read in place; 0: none, every body in the database file")
-	fl.StringVar(&f.fsStageBodies, "fs-stage-bodies", "256K", "with --backend fs and --sync full or strict: a body of this SIZE or more is written and synced to a file of its own before its commit, not through the journal (written to the disk once, not twice); 0: every body through the journal")
-	fl.IntVar(&fsSpillAt, "fs-spill-at", fsSpillAt, "with --backend fs: ready messages a queue keeps in memory before newer ones go to a spill file on disk (-1: never)")
+	fl.IntVar(&fsMaxMessages, "fs-max-messages", defaultFSMaxMessages, "with --backend fs: messages the store holds at most, in every queue and state (past it a publish fails with EDQUOT); the daemon keeps about 200 bytes of memory per message")
+	// Settings of the fs store's format 1, which earlier builds wrote:
+	// accepted so that old command lines and fstab entries still mount.
+	fl.StringVar(&f.fsStageBodies, "fs-stage-bodies", "", "")
+	fl.StringVar(&f.fsSpillAt, "fs-spill-at", "", "")
+	_ = fl.MarkDeprecated("fs-stage-bodies", "the fs store stages no bodies since format 2: ignored")
+	_ = fl.MarkDeprecated("fs-spill-at", "the fs store spills no ready messages since format 2 (see --fs-max-messages): ignored")
 	fl.IntVar(&f.maxMessageInodes, "max-message-inodes", fusefs.DefaultMaxMessageInodes, "message inodes the kernel may cache before it is asked to forget the least recently used (0: no limit)")
 	// For measuring the daemon: a CPU profile to FILE, and the
 	// allocations to FILE.allocs, written at unmount.
@@ -108,8 +112,14 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 			f.memoryBudget = v
 		case "sqlite_file_bodies":
 			f.sqliteFileBodies = v
-		case "fs_stage_bodies":
-			f.fsStageBodies = v
+		case "fs_stage_bodies", "fs_spill_at":
+			fmt.Fprintf(env.stderr, "yirangmq mount: option %s is ignored: the fs store has no such setting since format 2\n", k)
+		case "fs_max_messages":
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 {
+				return fmt.Errorf("mount option %q: want a number of messages", o)
+			}
+			fsMaxMessages = n
 		case "max_message_inodes":
 			n, err := strconv.Atoi(v)
 			if err != nil {
@@ -141,13 +151,8 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	if sqliteFileBodies == 0 {
 		sqliteFileBodies = -1 // never
 	}
-	stage, err := parseSize(f.fsStageBodies)
-	if err != nil {
-		return fmt.Errorf("--fs-stage-bodies: %w", err)
-	}
-	fsStageAt = int(min(stage, math.MaxInt32)) // no body is that big: never
-	if fsStageAt == 0 {
-		fsStageAt = -1 // never
+	if fsMaxMessages < 0 {
+		return fmt.Errorf("--fs-max-messages %d: want 0 (the default) or more", fsMaxMessages)
 	}
 	budget, cgLimit, err := parseMemoryBudget(f.memoryBudget)
 	if err != nil {

@@ -31,13 +31,11 @@ func defaultStore() string {
 	return "yirangmq-store"
 }
 
-// fsSpillAt is --fs-spill-at: ready messages per queue that the fs store
-// keeps in memory before newer ones go to its spill file.
-var fsSpillAt = fs.DefaultSpillAt
+// fsMaxMessages is --fs-max-messages: the messages the fs store holds at
+// most (0: its default).
+var fsMaxMessages int
 
-// fsStageAt is --fs-stage-bodies: the body size from which the fs store
-// stages a body in a file of its own (0: its default, -1: never).
-var fsStageAt int
+const defaultFSMaxMessages = fs.DefaultMaxMessages
 
 // sqliteFileBodies is --sqlite-file-bodies: the body size from which the
 // sqlite store keeps a body in a file (0: its default, -1: never).
@@ -51,7 +49,7 @@ func openStore(ctx context.Context, backend, dir string, sync queuecore.SyncMode
 	case "sqlite":
 		return sqlite.OpenTuned(ctx, dir, opts, sqlite.Tuning{FileBodies: sqliteFileBodies})
 	case "fs":
-		return fs.OpenTuned(ctx, dir, opts, fs.Tuning{SpillAt: fsSpillAt, StageAt: fsStageAt})
+		return fs.OpenTuned(ctx, dir, opts, fs.Tuning{MaxMessages: fsMaxMessages})
 	case "postgres":
 		if !isPostgresURL(dir) {
 			return nil, fmt.Errorf("--backend postgres needs --store postgres://USER@HOST/DB (or a key=value connection string), not %q", dir)

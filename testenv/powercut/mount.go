@@ -159,9 +159,11 @@ func (f *FS) Stats() Stats {
 	return st
 }
 
-// load adds the tree at dir, durable, to an empty model.
+// load adds the tree at dir, durable, to an empty model. A file with
+// several names (hard links) is one inode, as on a disk.
 func load(m *model, dir string) error {
 	dirs := map[string]*inode{".": m.root}
+	files := map[uint64]*inode{}
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -181,7 +183,15 @@ func load(m *model, dir string) error {
 			in, _ = m.create(parent, d.Name(), syscall.S_IFDIR|uint32(info.Mode().Perm()))
 			dirs[rel] = in
 		case d.Type().IsRegular():
+			st, _ := info.Sys().(*syscall.Stat_t)
+			if st != nil && files[st.Ino] != nil {
+				m.link(parent, d.Name(), files[st.Ino])
+				return nil
+			}
 			in, _ = m.create(parent, d.Name(), syscall.S_IFREG|uint32(info.Mode().Perm()))
+			if st != nil {
+				files[st.Ino] = in
+			}
 			if in.data, err = os.ReadFile(p); err != nil {
 				return err
 			}
@@ -219,7 +229,8 @@ func readXattrs(p string) map[string][]byte {
 }
 
 // materialize replaces the backing directory's content with the durable
-// tree.
+// tree. An inode the durable tree names twice gets hard links, as on a
+// disk.
 func (f *FS) materialize() error {
 	if f.backing == "" {
 		return nil
@@ -236,6 +247,7 @@ func (f *FS) materialize() error {
 	f.m.mu.Lock()
 	defer f.m.mu.Unlock()
 	var errs []error
+	written := map[*inode]string{}
 	var write func(dir string, in *inode, seen map[*inode]bool)
 	write = func(dir string, in *inode, seen map[*inode]bool) {
 		for _, name := range slices.Sorted(maps.Keys(in.durEntries)) {
@@ -250,6 +262,11 @@ func (f *FS) materialize() error {
 				write(p, c, seen)
 				continue
 			}
+			if first, ok := written[c]; ok {
+				errs = append(errs, os.Link(first, p))
+				continue
+			}
+			written[c] = p
 			errs = append(errs, os.WriteFile(p, c.durData, fs.FileMode(c.durMode&0o777)|0o600))
 			for k, v := range c.durXattr {
 				if err := unix.Lsetxattr(p, k, v, 0); err != nil && !errors.Is(err, unix.ENOTSUP) {

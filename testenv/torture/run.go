@@ -57,7 +57,7 @@ type Options struct {
 	// small, so that the pruner asks the kernel to forget inodes all the
 	// time and is killed in the middle of it too.
 	MaxMessageInodes int
-	// DaemonArgs are more flags for the daemons (e.g. --fs-spill-at).
+	// DaemonArgs are more flags for the daemons (e.g. --sqlite-file-bodies).
 	DaemonArgs []string
 }
 

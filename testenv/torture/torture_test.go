@@ -24,12 +24,10 @@ var (
 	flagSeed      = flag.Uint64("seed", 0, "random seed (0: from the clock)")
 	flagStores    = flag.String("stores", "sqlite,fs", "stores to torture, comma-separated")
 	flagSyncs     = flag.String("syncs", "full,normal", "sync modes to torture, comma-separated")
-	flagFSSpillAt = flag.Int("fs-spill-at", 0, "the fs store's --fs-spill-at (0: its default); a small one makes most of the backlog spill")
 	// The producers' big messages (1 in 20, up to 96 KiB) are past 16K
 	// five times in six: both of the sqlite store's places for a body
-	// meet the kills, and both of the fs store's ways to write one.
+	// meet the kills.
 	flagSqliteFileBodies = flag.String("sqlite-file-bodies", "16K", "the sqlite store's --sqlite-file-bodies (\"\": its default, 256K)")
-	flagFSStageBodies    = flag.String("fs-stage-bodies", "16K", "the fs store's --fs-stage-bodies (\"\": its default, 256K); 16K stages most big messages")
 	flagKeep             = flag.Bool("keep", false, "keep the history and final state of every run, not only of failed ones")
 	flagDuration         = flag.Duration("duration", 0, "keep killing for this long per store and sync mode instead of stopping after -kills (make torture DURATION=30m)")
 )
@@ -82,12 +80,6 @@ func TestKillNineTorture(t *testing.T) {
 				opts := Options{
 					Backend: store, Sync: sync, Kills: *flagKills, KeepDir: keepDir,
 					Producers: *flagProducers, Consumers: *flagConsumers, Seed: *flagSeed,
-				}
-				if store == "fs" && *flagFSSpillAt != 0 {
-					opts.DaemonArgs = []string{"--fs-spill-at", strconv.Itoa(*flagFSSpillAt)}
-				}
-				if store == "fs" && *flagFSStageBodies != "" {
-					opts.DaemonArgs = append(opts.DaemonArgs, "--fs-stage-bodies", *flagFSStageBodies)
 				}
 				if store == "sqlite" && *flagSqliteFileBodies != "" {
 					opts.DaemonArgs = []string{"--sqlite-file-bodies", *flagSqliteFileBodies}

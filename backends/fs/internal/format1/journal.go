@@ -1,4 +1,4 @@
-package fs
+package format1
 
 import (
 	"bufio"

@@ -1,0 +1,551 @@
+package format1
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"yirangmq/backends"
+	"yirangmq/queuecore"
+)
+
+var _ queuecore.Store = (*Store)(nil)
+
+// Names inside the store directory.
+const (
+	queuesDir      = "queues"
+	trashDir       = "trash"
+	lostFoundDir   = "lost+found"
+	snapshotName   = "snapshot"
+	journalName    = "journal"
+	oldJournalName = "journal.old"
+	tempPrefix     = "." // temp files start with a dot, which no message name does
+	idXattr        = "user.yirangmq.id"
+)
+
+// Log keys.
+const (
+	logDir      = "dir"
+	logPath     = "path"
+	logFrom     = "from"
+	logTo       = "to"
+	logID       = "id"
+	logErr      = "err"
+	logCount    = "count"
+	logBytes    = "bytes"
+	logLSN      = "lsn"
+	logAfterLSN = "after_lsn"
+	logQueue    = "queue"
+	logJournal  = "journal"
+	logOffset   = "offset"
+	logTook     = "took"
+	logSkipped  = "skipped"
+	logTorn     = "torn_tails"
+)
+
+// defaultCheckpointBytes is the least journal size that triggers a
+// checkpoint; a larger snapshot raises it, so that writing snapshots costs
+// at most as much as the journal they replace.
+const defaultCheckpointBytes = 16 << 20
+
+var errBadOp = errors.New("invalid op")
+
+// config holds what tests tune.
+type config struct {
+	checkpointBytes int64
+	spillAt         int                // ready messages per queue before newer ones spill; 0: defaultSpillAt, <0: never
+	fdatasync       func(fd int) error // nil: unix.Fdatasync; tests make it fail
+	maxDirtyMoves   int                // 0: maxDirtyMoves; tests make it small
+	spillTrimAt     int                // 0: defaultSpillTrimAt; tests make it small
+	beforeFileOps   func()             // nil: nothing; tests hold a commit between its sync and its file operations
+	stageAt         int                // bodies of this size or more are staged (staged.go); 0 or less: none
+	spares          int                // spare files kept ready (spare.go); 0: spareCount, <0: none
+	noLock          bool               // the caller holds the store's lock (Export)
+}
+
+func (s *Store) fdatasync(f *os.File) error {
+	if s.cfg.fdatasync != nil {
+		return s.cfg.fdatasync(int(f.Fd()))
+	}
+	return unix.Fdatasync(int(f.Fd()))
+}
+
+// Store is the plain-directory store. See the package comment.
+type Store struct {
+	dir  string
+	qdir string // dir/queues
+	opts backends.Options
+	log  *slog.Logger
+	cfg  config
+	lock *backends.Lock
+
+	// mu guards the index and everything below up to the next comment.
+	// Commits hold it to validate, apply and append; reads share it.
+	mu          sync.RWMutex
+	ix          *index
+	lsn         uint64                  // of the last committed record
+	pending     []pendingRecord         // committed records whose file operations are not done, in order
+	unwritten   map[uint64]*pendingBody // bodies whose file is not written yet
+	busy        map[uint64]int32        // file operations not done, per message
+	progress    chan struct{}           // closed and replaced whenever file operations progress
+	failErr     error                   // set once: the store refuses changes
+	closed      bool
+	sinceCkpt   int64 // journal bytes since the last rotation
+	ckptAt      int64 // sinceCkpt that triggers a checkpoint
+	ckptRunning bool
+	inflight    sync.WaitGroup // commits that have not returned
+	lazyArmed   bool           // lazyTimer runs (commitLazyLocked); under mu
+	lazyTimer   *time.Timer
+	// stalled is set while file operations wait for space (runFileOps);
+	// held is a checkpoint that rotated the journal but could not finish
+	// for lack of space: Reclaim finishes it (space.go).
+	stalled bool
+	held    *heldCheckpoint
+
+	cur     atomic.Pointer[journal] // the journal appended to; replaced under mu
+	written atomic.Int64            // logical end of what has been written to the journal
+	synced  atomic.Int64            // logical end of what is durable in the store's SyncMode
+	syncMu  sync.Mutex              // held by the group-commit leader while it syncs
+	fsyncs  atomic.Int64            // journal fdatasyncs done by commits (for tests and benchmarks)
+
+	// fileMu orders file operations: held for writing while they are done,
+	// for reading while Body reads a file, so that a body file is not moved
+	// between finding its path and opening it.
+	fileMu  sync.RWMutex
+	applied int64 // logical position up to which file operations are done
+	// placed are the staged bodies linked where their message is, whose
+	// staged names wait for a snapshot that holds their record (staged.go).
+	placed []placedBody
+
+	spares  *spares        // empty files for new bodies (spare.go); nil: none
+	bg      sync.WaitGroup // background checkpoint
+	trashWG sync.WaitGroup // removal of deleted queues' trees
+	noXattr atomic.Bool    // the file system refused user xattrs
+	// stagedDirty is set when a body is staged, cleared when DIR/staged
+	// is synced (syncStagedLocked).
+	stagedDirty atomic.Bool
+	dirty       dirtySet // files and directories to fsync at the next checkpoint
+}
+
+// Open opens (creating if needed) the store in dir, taking its lock, and
+// recovers it: snapshot, journal replay, reconciliation of the tree.
+func Open(ctx context.Context, dir string, opts backends.Options) (*Store, error) {
+	return open(ctx, dir, opts, config{checkpointBytes: defaultCheckpointBytes, stageAt: defaultStageAt})
+}
+
+// Tuning holds the fs store's own settings.
+type Tuning struct {
+	// SpillAt is the number of ready messages a queue keeps in memory
+	// before newer ones go to its spill file (0: DefaultSpillAt; negative:
+	// never spill, every message stays in memory).
+	SpillAt int
+	// CheckpointBytes is the least journal size that starts a checkpoint
+	// (0: 16 MiB; a larger snapshot raises it). Tests make it small, so
+	// that journal rotations and checkpoints run under their load.
+	CheckpointBytes int64
+	// StageAt is the body size from which, in SyncFull and SyncStrict, a
+	// body is written to a file of its own and synced before its commit
+	// instead of going through the journal (0: DefaultStageAt; negative:
+	// never, every body goes through the journal).
+	StageAt int
+}
+
+// DefaultStageAt is Tuning.StageAt's default.
+const DefaultStageAt = defaultStageAt
+
+// DefaultSpillAt is Tuning.SpillAt's default.
+const DefaultSpillAt = defaultSpillAt
+
+// OpenTuned is Open with Tuning.
+func OpenTuned(ctx context.Context, dir string, opts backends.Options, t Tuning) (*Store, error) {
+	cfg := config{checkpointBytes: t.CheckpointBytes, spillAt: t.SpillAt, stageAt: t.StageAt}
+	if cfg.stageAt == 0 {
+		cfg.stageAt = defaultStageAt
+	}
+	if cfg.checkpointBytes <= 0 {
+		cfg.checkpointBytes = defaultCheckpointBytes
+	}
+	return open(ctx, dir, opts, cfg)
+}
+
+func open(ctx context.Context, dir string, opts backends.Options, cfg config) (*Store, error) {
+	switch opts.Sync {
+	case queuecore.SyncFull, queuecore.SyncNormal, queuecore.SyncOff, queuecore.SyncStrict:
+	default:
+		return nil, fmt.Errorf("open fs store: sync mode %d: %w", opts.Sync, errBadOp)
+	}
+	var lock *backends.Lock
+	if !cfg.noLock {
+		var err error
+		if lock, err = backends.LockStore(dir, opts.Holder); err != nil {
+			return nil, err
+		}
+	}
+	s := &Store{
+		dir:       dir,
+		qdir:      filepath.Join(dir, queuesDir),
+		opts:      opts,
+		log:       opts.Log().With(logDir, dir),
+		cfg:       cfg,
+		lock:      lock,
+		ix:        newIndex(),
+		unwritten: map[uint64]*pendingBody{},
+		busy:      map[uint64]int32{},
+		progress:  make(chan struct{}),
+		ckptAt:    cfg.checkpointBytes,
+	}
+	s.dirty.freshAfter = math.MaxUint64 // every move kept until Open ends (dirtySet)
+	s.dirty.maxMoves = cmp.Or(cfg.maxDirtyMoves, maxDirtyMoves)
+	s.ix.spillAt = cfg.spillAt
+	if s.ix.spillAt == 0 {
+		s.ix.spillAt = defaultSpillAt
+	}
+	s.ix.spillKeep = spillKeepFor(s.ix.spillAt)
+	s.ix.spillBatch = spillBatchFor(s.ix.spillKeep)
+	s.ix.spillTrim = cmp.Or(cfg.spillTrimAt, defaultSpillTrimAt)
+	s.ix.spillDir = filepath.Join(dir, spillDir)
+	s.ix.spillLog = func(msg string, err error) { s.log.Warn(msg, logErr, err) }
+	if err := s.recover(ctx); err != nil {
+		if j := s.cur.Load(); j != nil {
+			j.f.Close()
+		}
+		lock.Unlock()
+		return nil, fmt.Errorf("open fs store %s: %w", dir, err)
+	}
+	s.dirty.opened(s.ix.maxID)
+	n := cmp.Or(cfg.spares, spareCount)
+	var err error
+	if s.spares, err = startSpares(dir, n, s.log); err != nil {
+		// Publishes create their own files, as without the pool.
+		s.log.Warn("no spare body files", logErr, err)
+	}
+	return s, nil
+}
+
+// Close finishes pending commits, checkpoints and releases the lock.
+func (s *Store) Close() error {
+	s.flushLazy() // the leases and acks not synced yet, and their files
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	s.inflight.Wait()
+	s.bg.Wait()
+
+	var errs []error
+	s.mu.RLock()
+	failed, dirty, held := s.failErr, s.sinceCkpt > 0, s.held
+	s.mu.RUnlock()
+	if failed != nil {
+		errs = append(errs, fmt.Errorf("close fs store %s: not checkpointed, the store failed: %w", s.dir, failed))
+	} else {
+		var err error
+		if held != nil {
+			err = s.finishCheckpoint(held.start, held.old, held.img)
+		}
+		if err == nil && dirty {
+			err = s.checkpoint()
+		}
+		if err != nil {
+			// A full disk: the journals stay for the next Open to replay.
+			errs = append(errs, fmt.Errorf("close fs store %s: %w", s.dir, err))
+		}
+	}
+	s.mu.RLock()
+	held = s.held
+	s.mu.RUnlock()
+	if held != nil {
+		_ = held.old.f.Close()
+		held.img.release()
+	}
+	s.trashWG.Wait()
+	s.spares.close() // after the checkpoint, whose file operations may take one
+	if j := s.cur.Load(); j != nil {
+		if err := j.f.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close journal: %w", err))
+		}
+	}
+	if err := s.lock.Unlock(); err != nil {
+		errs = append(errs, fmt.Errorf("unlock: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// writableLocked says whether the store takes changes.
+func (s *Store) writableLocked() error {
+	if s.closed {
+		return fmt.Errorf("fs store %s: %w", s.dir, queuecore.ErrClosed)
+	}
+	if s.failErr != nil {
+		return fmt.Errorf("fs store %s failed earlier: %w", s.dir, s.failErr)
+	}
+	return nil
+}
+
+// failLocked puts the store in the failed state: it refuses every later
+// change, since what is on disk is no longer known (a failed fsync may
+// have dropped pages). The next Open repairs from the journal.
+func (s *Store) failLocked(err error) {
+	if s.failErr != nil {
+		return
+	}
+	s.failErr = err
+	s.log.Error("fs store failed; it refuses changes until reopened", logErr, err)
+	close(s.progress)
+	s.progress = make(chan struct{})
+}
+
+func (s *Store) failure() error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.failErr
+}
+
+// Queues lists every queue by name.
+func (s *Store) Queues(ctx context.Context) ([]queuecore.QueueInfo, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	qs := s.ix.sortedQueues()
+	out := make([]queuecore.QueueInfo, len(qs))
+	for i, q := range qs {
+		out[i] = q.info
+		out[i].Policy = bytes.Clone(q.info.Policy)
+	}
+	return out, nil
+}
+
+// Lookup finds a queue's live or archived message by name.
+func (s *Store) Lookup(ctx context.Context, queue, name string, archived bool) (queuecore.Message, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if q := s.ix.queues[queue]; q != nil {
+		e, err := q.named(name, archived)
+		if err != nil {
+			return queuecore.Message{}, fmt.Errorf("message %q in queue %q: %w", name, queue, err)
+		}
+		if e != nil {
+			return e.message(), nil
+		}
+	}
+	return queuecore.Message{}, fmt.Errorf("message %q in queue %q: %w", name, queue, queuecore.ErrNotFound)
+}
+
+// smallList is the size up to which List copies a tree's entries under the
+// lock; larger trees are cloned (copy-on-write, O(1)) and walked after.
+const smallList = 256
+
+// List calls fn with the messages of a queue in one state, in (SortKey,
+// Seq) order. It walks a snapshot of the state, so fn runs without a lock.
+func (s *Store) List(ctx context.Context, queue string, state queuecore.State, fn func(queuecore.Message) bool) error {
+	if !state.Valid() {
+		return fmt.Errorf("list: state %d: %w", state, errBadOp)
+	}
+	s.mu.RLock()
+	q := s.ix.queues[queue]
+	if q == nil {
+		s.mu.RUnlock()
+		return fmt.Errorf("list queue %q: %w", queue, queuecore.ErrNotFound)
+	}
+	if state == queuecore.StateReady && q.spill != nil {
+		s.mu.RUnlock()
+		return s.listSpilled(ctx, queue, fn)
+	}
+	t := q.byState[state]
+	if t.Len() <= smallList {
+		es := make([]*entry, 0, t.Len())
+		t.Ascend(func(e *entry) bool {
+			es = append(es, e)
+			return true
+		})
+		s.mu.RUnlock()
+		for _, e := range es {
+			if !fn(e.message()) {
+				break
+			}
+		}
+		return nil
+	}
+	s.mu.RUnlock()
+	s.mu.Lock()
+	q = s.ix.queues[queue]
+	if q == nil {
+		s.mu.Unlock()
+		return fmt.Errorf("list queue %q: %w", queue, queuecore.ErrNotFound)
+	}
+	t = q.byState[state].Clone()
+	s.mu.Unlock()
+	t.Ascend(func(e *entry) bool { return fn(e.message()) })
+	return nil
+}
+
+// Due returns up to limit leased or delayed messages due at t, earliest
+// first.
+func (s *Store) Due(ctx context.Context, t time.Time, limit int) ([]queuecore.Message, error) {
+	limit = max(limit, 0)
+	until := toNanos(t)
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var out []queuecore.Message
+	s.ix.due.Ascend(func(e *entry) bool {
+		if len(out) >= limit || e.key > until {
+			return false
+		}
+		out = append(out, e.message())
+		return true
+	})
+	return out, nil
+}
+
+// NextDue is the earliest deadline of a leased or delayed message.
+func (s *Store) NextDue(ctx context.Context) (time.Time, bool, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	e, ok := s.ix.due.Min()
+	if !ok {
+		return time.Time{}, false, nil
+	}
+	return e.deadline(), true, nil
+}
+
+// Counts returns the number and bytes of messages per queue and state;
+// every queue is present, states without messages are left out.
+func (s *Store) Counts(ctx context.Context) (map[string]map[queuecore.State]queuecore.Count, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make(map[string]map[queuecore.State]queuecore.Count, len(s.ix.queues))
+	for name, q := range s.ix.queues {
+		byState := map[queuecore.State]queuecore.Count{}
+		for _, st := range queuecore.States {
+			if c := q.counts[st]; c != (queuecore.Count{}) {
+				byState[st] = c
+			}
+		}
+		out[name] = byState
+	}
+	return out, nil
+}
+
+// MaxID is the largest ID or Seq the store has been given.
+func (s *Store) MaxID(ctx context.Context) (uint64, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.ix.maxID, nil
+}
+
+// Body returns the body of message id. A body whose file is not written
+// yet comes from memory; one whose file is about to move is read where it
+// is until the move is done (bodyEntry), so a body is never read from the
+// wrong file.
+func (s *Store) Body(ctx context.Context, id uint64) ([]byte, error) {
+	at, pb, err := s.bodyEntry(id)
+	if err != nil {
+		return nil, err
+	}
+	defer s.fileMu.RUnlock()
+	if pb != nil {
+		if pb.data == nil {
+			return []byte{}, nil
+		}
+		return bytes.Clone(pb.data), nil
+	}
+	b, err := os.ReadFile(at.path)
+	if err != nil {
+		return nil, fmt.Errorf("body of message %d: %w", id, err)
+	}
+	return b, nil
+}
+
+// bodyAt is where a message's body is: its file's path and size, the
+// message's at the time of the look-up.
+type bodyAt struct {
+	path string
+	size int64
+}
+
+// bodyEntry finds message id (spilled ones too) and where its body is, and
+// returns with s.fileMu held for reading (the caller releases it), so that
+// the file stays where it was found: pb is the body while its file is not
+// written yet, else the file is at at.path. A file that pending operations
+// are to move (a lease or an ack not synced yet, commitLazyLocked, or
+// operations held back by a full disk) is read where it is now
+// (pendingFrom): the reader neither forces a sync nor waits for space.
+func (s *Store) bodyEntry(id uint64) (bodyAt, *pendingBody, error) {
+	s.fileMu.RLock()
+	s.mu.RLock()
+	at, pb, err := s.findBodyLocked(id)
+	s.mu.RUnlock()
+	if err != nil {
+		s.fileMu.RUnlock()
+		return bodyAt{}, nil, fmt.Errorf("body of message %d: %w", id, err)
+	}
+	return at, pb, nil
+}
+
+// findBodyLocked is bodyEntry's look-up; s.fileMu and s.mu are held.
+func (s *Store) findBodyLocked(id uint64) (bodyAt, *pendingBody, error) {
+	e, err := s.ix.get(id)
+	if err == nil && e == nil {
+		err = queuecore.ErrNotFound
+	}
+	if err != nil {
+		return bodyAt{}, nil, err
+	}
+	if pb := s.unwritten[id]; pb != nil {
+		return bodyAt{}, pb, nil
+	}
+	if s.busy[id] == 0 {
+		return bodyAt{path: s.entryPath(e), size: e.size}, nil, nil
+	}
+	from, ok := s.pendingFrom(id)
+	if s.failErr != nil && !(ok && from == s.stagedPath(id)) {
+		// After a failure the file operations stop where they were; a
+		// staged body not placed yet is still where it was staged.
+		return bodyAt{}, nil, fmt.Errorf("the store failed: %w", s.failErr)
+	}
+	if !ok {
+		// Not written yet is s.unwritten, removed is gone from the index.
+		return bodyAt{}, nil, fmt.Errorf("its pending file operations do not start with a rename: %w", errBadOp)
+	}
+	return bodyAt{path: from, size: e.size}, nil, nil
+}
+
+// pendingFrom is where the body file of message id is while file
+// operations on it wait: the first of them moves it from there. The caller
+// holds s.fileMu (for reading at least) and s.mu, so the tree has none of
+// the pending operations done: they run in journal order under fileMu
+// held for writing, and runFileOps puts back those a full disk held back
+// before it lets go of fileMu. ok is false when the first is not a rename
+// (a body not written yet is in s.unwritten; a removed message is gone
+// from the index).
+func (s *Store) pendingFrom(id uint64) (from string, ok bool) {
+	for _, r := range s.pending {
+		for _, op := range r.ops {
+			if op.id == id && isMessageOp(op.kind) {
+				return op.from, op.kind == opRename || op.kind == opPlace
+			}
+		}
+	}
+	return "", false
+}
+
+// bodyPath is where the body of a message in queue q, state st, named name
+// lives.
+func (s *Store) bodyPath(q string, st queuecore.State, name string) string {
+	return s.qdir + "/" + q + "/" + st.Dir() + "/" + name
+}
+
+func (s *Store) entryPath(e *entry) string { return s.bodyPath(e.q.name, e.state, e.name()) }
