@@ -766,9 +766,24 @@ func checkNothingOutside(t *testing.T, d *testenv.Daemon) {
 	}
 	for _, n := range top {
 		switch n {
-		case "LOCK", "format", "snapshot", "ids", "intents", "queues", "trash", "lost+found", queuecore.ReserveName:
+		case "LOCK", "format", "snapshot", "ids", "intents", "queues", "trash", "lost+found", "spare", queuecore.ReserveName:
 		default:
 			t.Errorf("fs store holds %q", n)
+		}
+	}
+	// Empty files made ahead for new bodies, numbered, in numbered
+	// directories, and nothing else.
+	for _, sub := range ls(t, filepath.Join(d.Store, "spare")) {
+		if _, err := strconv.ParseUint(sub, 10, 64); err != nil {
+			t.Errorf("fs store holds spare/%q", sub)
+			continue
+		}
+		for _, n := range ls(t, filepath.Join(d.Store, "spare", sub)) {
+			if _, err := strconv.ParseUint(n, 10, 64); err != nil {
+				t.Errorf("fs store holds spare/%s/%q", sub, n)
+			} else if fi, err := os.Stat(filepath.Join(d.Store, "spare", sub, n)); err == nil && fi.Size() != 0 {
+				t.Errorf("fs store's spare/%s/%s holds %d bytes", sub, n, fi.Size())
+			}
 		}
 	}
 	// Batches of several messages under way, numbered, and nothing else.

@@ -62,7 +62,7 @@ func (s *Store) Apply(ctx context.Context, ops []queuecore.Op) error {
 		switch {
 		case gen == 0:
 			return nil
-		case queuecore.WaitsFor(s.opts.Sync, ops):
+		case s.durable && queuecore.WaitsFor(s.opts.Sync, ops):
 			return s.flushUntil(gen)
 		default:
 			s.flushSoon()
@@ -82,13 +82,6 @@ func (s *Store) apply(ops []queuecore.Op) (gen, again uint64, err error) {
 	}
 	var b *batchDir
 	if plan != nil {
-		if s.durable {
-			// The intent, once durable, makes the batch happen: what was
-			// committed before it must be durable first.
-			if err := s.flushAll(); err != nil {
-				return 0, 0, err
-			}
-		}
 		if b, err = s.newBatchDir(); err != nil {
 			return 0, 0, err
 		}
@@ -154,13 +147,19 @@ func (s *Store) prepare(ops []queuecore.Op, b *batchDir) ([]string, error) {
 		if err != nil {
 			continue
 		}
+		m := op.Msg
+		if b == nil {
+			if p, ok := s.writeSpare(op.Body, fields(&m)); ok {
+				temps[i] = p
+				continue
+			}
+		}
 		var p string
 		if b != nil {
 			p = filepath.Join(b.tmp, strconv.FormatUint(op.Msg.ID, 10))
 		} else {
 			p = s.bodyPath(op.Msg.Queue, op.Msg.State, tempPrefix+strconv.FormatUint(op.Msg.ID, 10)+"."+strconv.FormatUint(s.tempGen.Add(1), 10))
 		}
-		m := op.Msg
 		if err := s.writeBody(p, op.Body, fields(&m)); err != nil {
 			removeTemps(temps)
 			return nil, fmt.Errorf("insert message %d: %w", op.Msg.ID, err)
@@ -200,6 +199,54 @@ func (s *Store) writeBody(p string, body []byte, fs []field) (err error) {
 	return nil
 }
 
+// writeSpare writes body and its attributes into a spare file, if one is
+// ready, and returns its path. A spare that fails for lack of space is
+// dropped (the caller's own file will fail the same way); for another
+// reason it also turns the pool off.
+func (s *Store) writeSpare(body []byte, fs []field) (string, bool) {
+	f, ok := s.spares.take()
+	if !ok {
+		return "", false
+	}
+	err := writeAll(f.fd, body)
+	for _, fl := range fs {
+		if err != nil {
+			break
+		}
+		err = unix.Fsetxattr(f.fd, xattrPrefix+fl.key, []byte(fl.val), 0)
+	}
+	if err == nil && s.durable {
+		if s.cfg.fsync != nil {
+			err = s.cfg.fsync(os.NewFile(uintptr(f.fd), f.path))
+		} else {
+			err = unix.Fsync(f.fd)
+		}
+	}
+	if err != nil {
+		s.spares.discard(f)
+		if !errors.Is(err, unix.ENOSPC) && !errors.Is(err, unix.EDQUOT) {
+			s.spares.failed(err)
+		}
+		return "", false
+	}
+	unix.Close(f.fd)
+	return f.path, true
+}
+
+func writeAll(fd int, b []byte) error {
+	for len(b) > 0 {
+		n, err := unix.Write(fd, b)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
 func removeTemps(temps []string) {
 	for _, p := range temps {
 		if p != "" {
@@ -232,8 +279,6 @@ func (d *opDirt) dir(p string) {
 // to before trying again. With an intent (b, plan), it first checks that
 // the batch still does what the intent says (errReplan otherwise).
 func (s *Store) commit(ops []queuecore.Op, temps []string, b *batchDir, plan []intentOp) (gen, again uint64, err error) {
-	s.treeMu.RLock()
-	defer s.treeMu.RUnlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.writableLocked(); err != nil {
@@ -300,21 +345,20 @@ func (s *Store) commit(ops []queuecore.Op, temps []string, b *batchDir, plan []i
 	return s.noteLocked(&d), 0, nil
 }
 
-// noteLocked hands a commit's dirt to the flusher (durable stores), or
-// finishes at once what only a flush would (the others).
+// noteLocked hands a commit's dirt to the flusher and returns the gen a
+// flush must reach for it to be durable (0 when nothing is to wait for).
+// SyncNormal and SyncOff sync nothing: their flushes only finish txns
+// (write the fields, remove the attribute), and an intent goes as soon as
+// its batch is in the tree, which a crash of the daemon keeps.
 func (s *Store) noteLocked(d *opDirt) uint64 {
-	if !s.durable {
-		for id, gen := range d.txns {
-			if err := s.finishTxnLocked(id, gen); err != nil {
-				s.log.Warn("cannot finish a change's attributes; the txn attribute stays its truth", logID, id, logErr, err)
-			}
-		}
-		if d.intent != "" {
-			os.RemoveAll(d.intent)
-		}
+	if !s.durable && d.intent != "" {
+		os.RemoveAll(d.intent)
+		d.intent = ""
+	}
+	if len(d.files)+len(d.dirs)+len(d.stale)+len(d.txns) == 0 && d.intent == "" {
 		return 0
 	}
-	return s.fl.note(func(fd *dirt) {
+	gen := s.fl.note(func(fd *dirt) {
 		for id := range d.files {
 			fd.files[id] = struct{}{}
 		}
@@ -331,6 +375,7 @@ func (s *Store) noteLocked(d *opDirt) uint64 {
 			fd.intents = append(fd.intents, d.intent)
 		}
 	})
+	return gen
 }
 
 // checkLimitLocked refuses a batch that would take the store past its
@@ -477,10 +522,16 @@ func (s *Store) writeFileDurably(p string, data []byte, fs []field) error {
 	return nil
 }
 
-// insertLocked renames a new body's temp file into place.
+// insertLocked renames a new body's temp file into place. A spare that
+// cannot be renamed into a queue (EXDEV: DIR/spare on another file
+// system) turns the pool off, and the batch is tried again without it.
 func (s *Store) insertLocked(e *entry, temp string, replace bool, d *opDirt) error {
 	to := s.entryPath(e)
 	if err := renameTo(temp, to, replace); err != nil {
+		if errors.Is(err, unix.EXDEV) {
+			s.spares.failed(err)
+			return fmt.Errorf("insert message %d: %w: %w", e.id, errReplan, err)
+		}
 		return fmt.Errorf("insert message %d: %w", e.id, err)
 	}
 	d.dir(to)
@@ -529,62 +580,68 @@ func (s *Store) deleteLocked(e *entry, replacedBy int, d *opDirt) error {
 }
 
 // updateLocked changes a message's file: its attributes, and its name
-// when the message moves. One attribute changes with one setxattr(2);
-// anything more is a txn (see the package comment).
+// when the message moves. One attribute changes with one setxattr(2).
+// Anything more is a txn: the txn attribute (the whole new metadata)
+// written, then the file moved; the fields beside it are written, and the
+// txn removed, by a flush later (finishTxns), off the commit's path.
 func (s *Store) updateLocked(old, new *entry, replace bool, d *opDirt) error {
 	from, to := s.entryPath(old), s.entryPath(new)
 	om, nm := old.message(), new.message()
 	nf := fields(&nm)
-	var set []field
-	var remove []string
-	if s.rewrite[new.id] {
-		set, remove = nf, otherKeys(nf)
-	} else {
-		set, remove = fieldDiff(fields(&om), nf)
-	}
 	moved := from != to
-	_, pending := s.txns[new.id]
-	if !moved && len(set)+len(remove) == 0 {
-		return nil
+	pt, pending := s.txns[new.id]
+	if !pending {
+		pt.disk, pt.known = fields(&om), !s.rewrite[new.id]
 	}
-	if !moved && !pending && len(set)+len(remove) == 1 {
-		if err := applyFields(from, set, remove); err != nil {
-			return fmt.Errorf("update message %d: %w", new.id, err)
+	set, remove := nf, otherKeys(nf)
+	if pt.known {
+		set, remove = fieldDiff(fields(&om), nf)
+		if !pending {
+			if !moved && len(set)+len(remove) == 0 {
+				return nil
+			}
+			if !moved && len(set)+len(remove) == 1 {
+				if err := applyFields(from, set, remove); err != nil {
+					return fmt.Errorf("update message %d: %w", new.id, err)
+				}
+				d.file(new.id)
+				return nil
+			}
 		}
-		d.file(new.id)
-		delete(s.rewrite, new.id)
+	}
+	if !moved && pending && len(set)+len(remove) == 0 {
 		return nil
 	}
 	s.txnGen++
-	gen := s.txnGen
+	pt.gen = s.txnGen
 	t := encodeTxn(txn{from: rel(s.qdir, from), to: rel(s.qdir, to), fields: nf})
 	if err := unix.Lsetxattr(from, xattrPrefix+keyTxn, t, 0); err != nil {
 		return fmt.Errorf("update message %d: set its txn: %w", new.id, err)
 	}
 	if moved {
-		if err := s.moveLocked(from, to, new.id, gen, replace, d); err != nil {
-			// The old metadata is the truth again: say so in the txn,
-			// which a later flush or Close finishes.
+		if err := s.moveLocked(from, to, new.id, pt.gen, replace, d); err != nil {
+			// The old metadata is the truth again: the txn says so until
+			// a flush finishes it.
 			back := encodeTxn(txn{from: rel(s.qdir, from), to: rel(s.qdir, from), fields: fields(&om)})
 			if unix.Lsetxattr(from, xattrPrefix+keyTxn, back, 0) == nil {
-				s.txns[old.id] = pendingTxn{gen: gen}
+				s.txns[old.id] = pt
+				d.txn(old.id, pt.gen)
 			}
 			return fmt.Errorf("update message %d: %w", new.id, err)
 		}
 	}
-	fieldsOK := true
-	if err := applyFields(to, set, remove); err != nil {
-		fieldsOK = false
-		s.log.Warn("cannot write a message's attributes; its txn attribute stays its truth", logID, new.id, logErr, err)
-	}
-	s.txns[new.id] = pendingTxn{gen: gen, fieldsOK: fieldsOK}
+	s.txns[new.id] = pt
 	delete(s.rewrite, new.id)
 	d.file(new.id)
+	d.txn(new.id, pt.gen)
+	return nil
+}
+
+func (d *opDirt) txn(id, gen uint64) {
 	if d.txns == nil {
 		d.txns = map[uint64]uint64{}
 	}
-	d.txns[new.id] = gen
-	return nil
+	d.txns[id] = gen
 }
 
 func (d *opDirt) file(id uint64) {

@@ -18,6 +18,8 @@
 //	                              delayed, dlq or archive (queuecore.State.Dir)
 //	DIR/intents/N/                a batch of several messages under way: its intent and
 //	                              the bodies of its new messages
+//	DIR/spare/K/N                 empty files made ahead, which new bodies are written into
+//	                              (spare.go); what is left there is removed at Open
 //	DIR/trash/                    deleted queues' directories, emptied in the background
 //	DIR/lost+found/               what Open found that cannot be a message, with the reason
 //	                              in the log
@@ -56,14 +58,19 @@
 //
 // # Commits and durability
 //
-// Apply writes the bodies of new messages to temp files with their
-// attributes (synced in SyncFull and SyncStrict), then, under the store's
+// Apply writes the bodies of new messages to temp files (a spare file
+// made ahead, or one of its own) with their attributes (synced in SyncFull
+// and SyncStrict), then, under the store's
 // mutex, checks the batch against the in-memory index (built at Open) and
 // changes the tree: renames of new bodies into place, moves and attribute
 // writes, unlinks. Nothing is synced under the mutex. The syncs that make
 // a commit durable are a flush's (flush.go): the group commit of every
-// change since the last one, with no commit under way while it syncs, so
-// that a flush makes durable exactly what was committed before it. A move
+// change since the last one, so that a commit that returns durable takes
+// every commit before it along. (A flush's syncs may also catch changes
+// committed while they run; nothing orders those at a power cut, which
+// is why a lease or an ack that returned before its flush may be undone
+// by one while a later batch is not: the contract allows it, a message
+// delivered again.) A move
 // to another directory links the new name and removes the old one only
 // once a flush has made the new name durable: a rename(2) made durable in
 // its source directory first would leave the file under no name at a

@@ -158,34 +158,30 @@ func (f *flusher) stopTimer() {
 }
 
 // flush makes everything noted durable (see the order above) and returns
-// the gen it covers. It takes what is noted and syncs it with no commit
-// under way: a commit's changes are all in one flush, and each flush
-// holds every commit before it. A failure puts the store in the failed
-// state: what is on disk is no longer known.
+// the gen it covers; then it removes the old names of moved files and the
+// intents of batches now durable, and finishes the txns (finishTxns). In
+// SyncNormal and SyncOff it only finishes txns. A failed sync puts the
+// store in the failed state: what is on disk is no longer known.
 func (s *Store) flush() (uint64, error) {
-	s.treeMu.Lock()
 	s.fl.mu.Lock()
 	take, upTo := s.fl.dirt, s.fl.gen
 	s.fl.dirt = newDirt()
 	s.fl.mu.Unlock()
-	var err error
-	if !take.empty() {
-		err = s.flushSyncs(take)
-	}
-	s.treeMu.Unlock()
 	if take.empty() {
 		return upTo, nil
 	}
-	s.treeMu.RLock()
-	defer s.treeMu.RUnlock()
+	var err error
+	if s.durable {
+		err = s.flushSyncs(take)
+	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if err != nil {
 		s.failLocked(err)
-		return 0, err
 	}
 	if s.failErr != nil {
-		return 0, s.failErr
+		err = s.failErr
+		s.mu.Unlock()
+		return 0, err
 	}
 	var later []string
 	for p, gen := range take.stale {
@@ -198,33 +194,102 @@ func (s *Store) flush() (uint64, error) {
 		}
 		later = append(later, filepath.Dir(p))
 	}
-	for id, gen := range take.txns {
-		if err := s.finishTxnLocked(id, gen); err != nil {
-			s.log.Warn("cannot finish a change's attributes; the txn attribute stays its truth", logID, id, logErr, err)
-		}
-	}
+	s.mu.Unlock()
 	for _, p := range take.intents {
 		if err := os.RemoveAll(p); err != nil {
 			s.log.Warn("cannot remove a batch's intent", logPath, p, logErr, err)
 		}
 	}
-	if len(later) > 0 || len(take.intents) > 0 {
+	retry := s.finishTxns(take.txns)
+	if len(later)+len(take.intents)+len(retry) > 0 {
 		s.fl.note(func(d *dirt) {
 			for _, p := range later {
 				d.dirs[p] = struct{}{}
 			}
 			d.intentsDir = d.intentsDir || len(take.intents) > 0
+			for id, gen := range retry {
+				d.txns[id] = gen
+			}
 		})
 		s.flushSoon()
 	}
 	return upTo, nil
 }
 
+// finishTxns writes the fields of the txns of take (those still the
+// file's latest) and removes the txn attributes: the fields outside the
+// lock, through the file's name at the time (a move meanwhile only makes
+// the writes fail, and the txn is finished at a later flush), the
+// removal under it, where a later txn cannot slip in. It returns the txns
+// to try again.
+func (s *Store) finishTxns(txns map[uint64]uint64) map[uint64]uint64 {
+	type work struct {
+		id, gen uint64
+		path    string
+		set     []field
+		remove  []string
+		ok      bool
+	}
+	var ws []work
+	s.mu.RLock()
+	for id, gen := range txns {
+		pt, ok := s.txns[id]
+		e := s.ix.byID[id]
+		if !ok || pt.gen != gen || e == nil {
+			continue // finished, superseded by a later txn, or deleted
+		}
+		m := e.message()
+		nf := fields(&m)
+		w := work{id: id, gen: gen, path: s.entryPath(e), set: nf, remove: otherKeys(nf)}
+		if pt.known {
+			w.set, w.remove = fieldDiff(pt.disk, nf)
+		}
+		ws = append(ws, w)
+	}
+	s.mu.RUnlock()
+	for i := range ws {
+		ws[i].ok = applyFields(ws[i].path, ws[i].set, ws[i].remove) == nil
+	}
+	var retry map[uint64]uint64
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, w := range ws {
+		pt, ok := s.txns[w.id]
+		if !ok || pt.gen != w.gen {
+			continue
+		}
+		if !w.ok || unix.Lremovexattr(w.path, xattrPrefix+keyTxn) != nil {
+			// Perhaps half written: the next try writes every field.
+			pt.known = false
+			s.txns[w.id] = pt
+			if retry == nil {
+				retry = map[uint64]uint64{}
+			}
+			retry[w.id] = w.gen
+			continue
+		}
+		delete(s.txns, w.id)
+	}
+	return retry
+}
+
+// syncfsAt is the number of files and directories from which a flush
+// makes them durable with one syncfs(2) of the store's file system rather
+// than an fsync each.
+const syncfsAt = 16
+
 // flushSyncs does the fsyncs of take: DIR/intents first when batch
 // directories were removed, then files, then directories (an intent is
-// durable before its batch changes anything: writeIntent). The caller
-// holds treeMu for writing: no commit changes the tree meanwhile.
+// durable before its batch changes anything: writeIntent). Past syncfsAt
+// of them, one syncfs(2) does it all, but on a FUSE file system, which
+// syncfs does not reach.
 func (s *Store) flushSyncs(take dirt) error {
+	if !s.onFUSE && len(take.files)+len(take.dirs) >= syncfsAt {
+		if err := syncfs(s.dir); err != nil {
+			return fmt.Errorf("syncfs %s: %w", s.dir, err)
+		}
+		return nil
+	}
 	if take.intentsDir {
 		if err := s.fsyncPath(filepath.Join(s.dir, intentsDir)); err != nil {
 			return err
@@ -291,43 +356,26 @@ func (s *Store) fsyncPath(p string) error {
 	return nil
 }
 
-// finishTxnLocked removes the txn attribute of message id when it is still
-// the one of gen (a later change put its own), writing the fields first if
-// they could not be written with it.
-func (s *Store) finishTxnLocked(id, gen uint64) error {
-	pt, ok := s.txns[id]
-	if !ok || pt.gen != gen {
-		return nil
-	}
-	e := s.ix.byID[id]
-	if e == nil {
-		delete(s.txns, id)
-		return nil
-	}
-	p := s.entryPath(e)
-	if !pt.fieldsOK {
-		m := e.message()
-		if err := writeAllFields(p, fields(&m)); err != nil {
-			return err
-		}
-	}
-	if err := unix.Lremovexattr(p, xattrPrefix+keyTxn); err != nil && !errors.Is(err, unix.ENODATA) {
-		return err
-	}
-	delete(s.txns, id)
-	return nil
-}
-
-// finishTxnsLocked finishes every txn left (at Close, once all is
-// durable), and syncs the files it changed, so that a stopped store
-// carries no txn.
-func (s *Store) finishTxnsLocked() error {
-	var errs []error
+// finishAllTxns finishes every txn left (at Close, once all is durable),
+// and syncs the files it changed, so that a stopped store carries no txn.
+func (s *Store) finishAllTxns() error {
+	s.mu.RLock()
+	all := make(map[uint64]uint64, len(s.txns))
 	for id, pt := range s.txns {
-		e := s.ix.byID[id]
-		if err := s.finishTxnLocked(id, pt.gen); err != nil {
-			errs = append(errs, fmt.Errorf("message %d: %w", id, err))
-		} else if e != nil && s.durable {
+		all[id] = pt.gen
+	}
+	s.mu.RUnlock()
+	if left := s.finishTxns(all); len(left) > 0 {
+		return fmt.Errorf("%d messages keep a txn attribute: their fields could not be written", len(left))
+	}
+	if !s.durable {
+		return nil
+	}
+	var errs []error
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for id := range all {
+		if e := s.ix.byID[id]; e != nil {
 			if err := s.fsyncPath(s.entryPath(e)); err != nil {
 				errs = append(errs, err)
 			}

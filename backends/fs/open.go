@@ -73,7 +73,7 @@ func (s *Store) load(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	intents, err := s.finishIntents()
+	intents, err := s.finishIntents(sc)
 	if err != nil {
 		return err
 	}
@@ -217,7 +217,7 @@ func readNames(dir string) ([]string, error) {
 // then finishes like any other. An intent cut short itself was written
 // before its batch touched anything. It returns the intent files, which
 // the caller removes once what they did is durable.
-func (s *Store) finishIntents() ([]string, error) {
+func (s *Store) finishIntents(sc *scan) ([]string, error) {
 	d := filepath.Join(s.dir, intentsDir)
 	names, err := readNames(d)
 	if err != nil {
@@ -242,8 +242,9 @@ func (s *Store) finishIntents() ([]string, error) {
 			continue
 		}
 		s.log.Debug("finishing a batch", logPath, p, "intent", string(data))
+		byID := sc.byID()
 		for _, op := range in.Ops {
-			s.finishIntentOp(p, op)
+			s.finishIntentOp(p, op, byID[op.ID])
 		}
 		s.log.Info("finished a batch a crash had cut short", logPath, p, logCount, len(in.Ops))
 		for cur := s.batchGen.Load(); in.Batch > cur && !s.batchGen.CompareAndSwap(cur, in.Batch); cur = s.batchGen.Load() {
@@ -252,8 +253,13 @@ func (s *Store) finishIntents() ([]string, error) {
 	return paths, nil
 }
 
-// finishIntentOp does one op of the intent in the batch directory dir.
-func (s *Store) finishIntentOp(dir string, op intentOp) {
+// finishIntentOp does one op of the intent in the batch directory dir; f
+// is the file of the op's message found in the tree (nil: none). The
+// message may be elsewhere than the op's From: a lease or an ack before
+// the batch, which did not wait for its sync, may be undone by a power
+// cut. It is taken from where it is, if its attributes say it is there:
+// otherwise a person moved it since, and that stands.
+func (s *Store) finishIntentOp(dir string, op intentOp, f *file) {
 	abs := func(r string) string { return filepath.Join(s.qdir, filepath.FromSlash(r)) }
 	switch op.Op {
 	case "insert":
@@ -277,47 +283,28 @@ func (s *Store) finishIntentOp(dir string, op intentOp) {
 			}
 		}
 	case "delete":
-		p := abs(op.From)
-		if id, ok := fileID(p); ok && id == op.ID {
-			if err := os.Remove(p); err == nil {
-				s.fl.note(func(fd *dirt) { fd.dirs[filepath.Dir(p)] = struct{}{} })
-			}
+		if f == nil || !f.where() && f.rel != op.From {
+			return
+		}
+		p := f.abs(s)
+		if err := os.Remove(p); err == nil {
+			s.fl.note(func(fd *dirt) { fd.dirs[filepath.Dir(p)] = struct{}{} })
 		}
 	case "update":
+		if f == nil || !f.where() && f.rel != op.From && f.rel != op.To {
+			return
+		}
 		fs := make([]field, 0, len(op.Fields))
 		for _, k := range fieldKeys {
 			if v, ok := op.Fields[k]; ok {
 				fs = append(fs, field{k, v})
 			}
 		}
-		t := encodeTxn(txn{from: op.From, to: op.To, fields: fs})
-		for _, r := range []string{op.To, op.From} {
-			p := abs(r)
-			if id, ok := fileID(p); ok && id == op.ID {
-				if unix.Lsetxattr(p, xattrPrefix+keyTxn, t, 0) == nil {
-					return
-				}
-			}
+		t := encodeTxn(txn{from: f.rel, to: op.To, fields: fs})
+		if err := unix.Lsetxattr(f.abs(s), xattrPrefix+keyTxn, t, 0); err != nil {
+			s.log.Warn("cannot finish a batch's change of a message", logPath, f.abs(s), logErr, err)
 		}
 	}
-}
-
-// fileID reads the ID a file's attributes (or its txn) give it.
-func fileID(p string) (uint64, bool) {
-	if b, err := getAttr(p, keyTxn); err == nil {
-		if t, err := decodeTxn(b); err == nil {
-			if v, err := t.get(keyID); err == nil {
-				id, err := strconv.ParseUint(v, 10, 64)
-				return id, err == nil
-			}
-		}
-	}
-	b, err := getAttr(p, keyID)
-	if err != nil {
-		return 0, false
-	}
-	id, err := strconv.ParseUint(string(b), 10, 64)
-	return id, err == nil
 }
 
 // getAttr reads one of the store's attributes of the file at p.
@@ -779,6 +766,17 @@ func (sc *scan) finishTxn(group []*file, t *txn) *file {
 	}
 	sc.fixed++
 	return keep
+}
+
+// byID is the files of the tree by the ID their attributes give.
+func (sc *scan) byID() map[uint64]*file {
+	m := make(map[uint64]*file, len(sc.files))
+	for _, f := range sc.files {
+		if !f.gone && f.fd.hasID {
+			m[f.fd.msg.ID] = f
+		}
+	}
+	return m
 }
 
 // syncDirs fsyncs directories in order (SyncFull, SyncStrict), saying

@@ -57,6 +57,9 @@ const (
 
 var errBadOp = errors.New("invalid op")
 
+// fuseSuperMagic is statfs(2)'s f_type of a FUSE file system.
+const fuseSuperMagic = 0x65735546
+
 // DefaultMaxMessages is Tuning.MaxMessages's default: the messages the
 // store holds at most, in every queue and state together. The index keeps
 // about 200 bytes of memory a message, so this bounds it near 20 MiB.
@@ -73,6 +76,7 @@ type Tuning struct {
 // config holds what tests tune besides Tuning.
 type config struct {
 	maxMessages int
+	spares      int                    // spare files kept ready: 0: spareCount, <0: none
 	fsync       func(f *os.File) error // nil: f.Sync; tests make it fail
 }
 
@@ -109,11 +113,10 @@ type Store struct {
 	hand     []queuecore.HandChange
 	batchGen atomic.Uint64 // numbers batch directories and trashed queues
 	tempGen  atomic.Uint64 // numbers temp files
-	// treeMu orders the tree's changes and their syncs: commits hold it
-	// for reading while they change the tree, a flush for writing while
-	// it syncs, so that a flush makes durable exactly the changes of the
-	// commits before it and none of a later one (flush.go).
-	treeMu sync.RWMutex
+	// onFUSE: the store's file system is a FUSE one, which syncfs(2)
+	// does not reach: a flush fsyncs each file and directory.
+	onFUSE bool
+	spares *spares // empty files made ahead for new bodies (spare.go); nil: none
 	full   limitLog
 
 	inflight sync.WaitGroup // commits that have not returned
@@ -127,12 +130,14 @@ type staleLink struct {
 	id, gen uint64
 }
 
-// pendingTxn is a txn attribute left on a file: gen tells it from a later
-// one on the same file; fieldsOK is false when the fields beside it could
-// not be written (the txn then stays the truth until they are).
+// pendingTxn is a txn attribute left on a file, whose fields a flush is
+// to write (finishTxns): gen tells it from a later one on the same file;
+// disk are the fields the file has beside it (known false: not known, so
+// every field is written).
 type pendingTxn struct {
-	gen      uint64
-	fieldsOK bool
+	gen   uint64
+	disk  []field
+	known bool
 }
 
 // Open opens (creating if needed) the store in dir, taking its lock, and
@@ -174,9 +179,21 @@ func open(ctx context.Context, dir string, opts backends.Options, cfg config) (*
 		rewrite: map[uint64]bool{},
 	}
 	s.fl.init()
+	var sfs unix.Statfs_t
+	if err := unix.Statfs(dir, &sfs); err == nil && sfs.Type == fuseSuperMagic {
+		s.onFUSE = true
+	}
 	if err := s.load(ctx); err != nil {
 		lock.Unlock()
 		return nil, fmt.Errorf("open fs store %s: %w", dir, err)
+	}
+	n := cfg.spares
+	if n == 0 {
+		n = spareCount
+	}
+	if s.spares, err = startSpares(dir, n, s.log); err != nil {
+		// Publishes create their own files, as without the pool.
+		s.log.Warn("no spare body files", logErr, err)
 	}
 	return s, nil
 }
@@ -193,19 +210,20 @@ func (s *Store) Close() error {
 	s.mu.Unlock()
 	s.inflight.Wait()
 	s.fl.stopTimer()
+	s.spares.close()
 
 	var errs []error
 	if err := s.flushAll(); err != nil {
 		errs = append(errs, err)
 	}
-	s.mu.Lock()
+	s.mu.RLock()
 	failed := s.failErr
+	s.mu.RUnlock()
 	if failed == nil {
-		if err := s.finishTxnsLocked(); err != nil {
+		if err := s.finishAllTxns(); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	s.mu.Unlock()
 	s.trashWG.Wait()
 	if failed != nil {
 		errs = append(errs, fmt.Errorf("close fs store %s: no manifest written, the store failed: %w", s.dir, failed))

@@ -98,7 +98,7 @@ func TestUpgradeFormat1(t *testing.T) {
 			if err := s.Close(); err != nil {
 				t.Fatal(err)
 			}
-			for _, gone := range []string{"journal", "spare", "staged", "spill"} {
+			for _, gone := range []string{"journal", "journal.old", "staged", "spill"} {
 				if _, err := os.Lstat(filepath.Join(dir, gone)); !errors.Is(err, os.ErrNotExist) {
 					t.Errorf("%s is still there after the upgrade: %v", gone, err)
 				}
