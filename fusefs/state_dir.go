@@ -177,11 +177,27 @@ var _ = (fs.NodeUnlinker)((*stateDir)(nil))
 
 // Unlink acks in processing/ and deletes elsewhere; a file still being
 // written (or a draft) is discarded.
+//
+// An unlink that returns 0 in inbox/ means the message will never be
+// delivered, and the unlink of a file just closed never fails with ENOENT,
+// whatever its size: an empty file is committed at RELEASE, which the
+// kernel sends after close(2) has returned, so its unlink can come before,
+// during or after that commit. Before, the file is discarded and the
+// commit finds nothing to do; during, the unlink waits for the commit
+// (it holds the node's mutex) and then deletes what it published; after,
+// the message is in the store like any other.
 func (d *stateDir) Unlink(ctx context.Context, name string) syscall.Errno {
 	if d.state == queuecore.StateReady {
-		if p := d.fsys.takePending(d.queue, name); p != nil {
-			p.discard()
-			return 0
+		if p := d.fsys.pendingFile(d.queue, name); p != nil {
+			m, settled := p.discardOrCommitted(ctx)
+			if settled {
+				return 0
+			}
+			if m.ID != 0 && (m.State == queuecore.StateDelayed || m.State == queuecore.StateDead) {
+				// Published with a delay, or kept in dlq/ by its
+				// validation: the file named inbox/NAME is that message.
+				return errnoOf(d.fsys.core.Delete(ctx, d.queue, m.State, m.Name))
+			}
 		}
 	}
 	var err error
