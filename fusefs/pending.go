@@ -78,9 +78,8 @@ func (n *msgNode) commit(ctx context.Context) syscall.Errno {
 		// message, so committing it would publish a half or empty message.
 		// Drop the file and fail the close too, for a producer that only
 		// checks close(2).
-		n.fsys.log.Warn("message dropped: a write went past maxMessageBytes", logQueue, n.queue, logName, n.name, "limit", p.limit)
 		n.release(p)
-		return syscall.EFBIG
+		return n.fsys.refuse(refusal{msg: "message dropped: a write went past maxMessageBytes", queue: n.queue, name: n.name, uid: p.uid, errno: syscall.EFBIG}, "limit", p.limit)
 	}
 	res, err := n.fsys.core.Publish(ctx, n.queue, n.name, p.buf, queuecore.PublishOptions{
 		UID: p.uid, GID: p.gid, Delay: p.delay, DedupKey: p.dedupKey, ID: n.id, MTime: p.mtime,
@@ -93,8 +92,9 @@ func (n *msgNode) commit(ctx context.Context) syscall.Errno {
 		n.pend = nil // from now on the node is the message
 	case errors.As(err, &ve) && ve.Kept:
 		n.pend = nil // the message lives on in dlq/; close(2) says EINVAL (the core logged why)
+		n.fsys.refuse(refusal{msg: "publish refused", queue: n.queue, name: n.name, uid: p.uid, errno: errnoOf(err), err: err, logged: true})
 	default:
-		n.fsys.log.Warn("publish failed", logQueue, n.queue, logName, n.name, logErr, err)
+		n.fsys.refuse(refusal{msg: "publish failed", queue: n.queue, name: n.name, uid: p.uid, errno: errnoOf(err), err: err})
 	}
 	if n.pend == nil || err == nil || !p.wasDraft {
 		// Published (or dropped as a duplicate): the store has it. Or

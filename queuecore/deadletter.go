@@ -173,7 +173,7 @@ func (c *Core) validateAgain(ctx context.Context, q *queue, m Message, p *Policy
 		return fmt.Errorf("%s %s/%s: %w", what, q.name, m.Name, err)
 	}
 	if _, verr := p.checkBody(q.name, body, now); verr != nil {
-		c.log.Warn(what+" refused: the message fails the queue's validation", logQueue, q.name, logName, m.Name, logReason, verr.Error())
+		// Not logged here: the caller logs it, naming who asked.
 		return &ValidationError{Queue: q.name, Name: m.Name, Reason: verr.Error()}
 	}
 	return nil

@@ -116,7 +116,14 @@ func parsePolicy(data []byte, compile bool) (Policy, error) {
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&p); err != nil {
+	// "lastRefused" is what .policy shows of a refused document
+	// (refusals.go): a document read, edited and written back carries it,
+	// and it is ignored.
+	doc := struct {
+		*Policy
+		LastRefused json.RawMessage `json:"lastRefused"`
+	}{Policy: &p}
+	if err := dec.Decode(&doc); err != nil {
 		return DefaultPolicy(), &InputError{Field: "policy", Msg: describeJSONError(err)}
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {

@@ -77,6 +77,12 @@ type QueueStats struct {
 
 	Paused bool  `json:"paused"`
 	Rates  Rates `json:"rates_1m"`
+
+	// RefusedTotal counts the operations on the queue refused since the
+	// daemon started, and LastRefusals are the last of them, the newest
+	// first (refusals.go).
+	RefusedTotal int64     `json:"refused_total"`
+	LastRefusals []Refusal `json:"last_refusals"`
 }
 
 // Rates are events per second averaged over the last minute.
@@ -152,6 +158,7 @@ func (c *Core) Stats(ctx context.Context, queueName string) (QueueStats, error) 
 	s.NackedTotal, s.ExpiredTotal, s.DeadLetteredTotal = k.nacked.Load(), k.expired.Load(), k.deadLettered.Load()
 	s.RedrivenTotal, s.RejectedTotal, s.DeduplicatedTotal = k.redriven.Load(), k.rejected.Load(), k.deduplicated.Load()
 	s.Rates.PublishedPerSec, s.Rates.LeasedPerSec, s.Rates.AckedPerSec = q.rates.perSec(now)
+	s.RefusedTotal, s.LastRefusals = q.refused.total, q.refused.newestFirst()
 	return s, nil
 }
 

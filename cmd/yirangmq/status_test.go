@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"yirangmq/queuecore"
+	"yirangmq/testenv"
 )
 
 func TestStatusTable(t *testing.T) {
@@ -28,7 +30,7 @@ func TestStatusTable(t *testing.T) {
 		t.Errorf("disk line %q", disk)
 	}
 	lines = lines[:3]
-	wantCols := []string{"QUEUE", "READY", "INFLIGHT", "DELAYED", "DLQ", "ARCHIVED", "OLDEST", "PUB/s", "LEASE/s", "ACK/s", "PAUSED"}
+	wantCols := []string{"QUEUE", "READY", "INFLIGHT", "DELAYED", "DLQ", "ARCHIVED", "OLDEST", "PUB/s", "LEASE/s", "ACK/s", "PAUSED", "REFUSED"}
 	if got := strings.Fields(lines[0]); strings.Join(got, " ") != strings.Join(wantCols, " ") {
 		t.Errorf("header %q", lines[0])
 	}
@@ -129,5 +131,26 @@ func TestStatusPrometheus(t *testing.T) {
 		if !strings.HasPrefix(l, "#") && !sample.MatchString(l) {
 			t.Errorf("not an exposition line: %q", l)
 		}
+	}
+}
+
+// A message refused at a close nobody checked (bash's builtin echo) shows
+// in status, with its name, errno and reason.
+func TestStatusShowsRefusals(t *testing.T) {
+	d := startMount(t)
+	mkqueue(t, d, "jobs", `{"format": "json", "schema": {"type": "object", "properties": {"order": {"type": "number"}}}}`)
+	testenv.MustSh(t, d.Path("jobs"), `echo '{"order": "x"}' > inbox/bad-1`) // exits 0: the shell ignores close(2)
+	out := mustCLI(t, "", "status", "--mount", d.Mountpoint)
+	lines := strings.Split(out, "\n")
+	row := strings.Fields(lines[1])
+	if len(row) != 12 || row[0] != "jobs" || row[11] != "1" {
+		t.Errorf("jobs row %q, want REFUSED 1", lines[1])
+	}
+	i := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, "last refused in jobs") })
+	if i < 0 || i+1 >= len(lines) {
+		t.Fatalf("status does not list the refusal:\n%s", out)
+	}
+	if l := lines[i+1]; !strings.Contains(l, `"bad-1"`) || !strings.Contains(l, "EINVAL") || !strings.Contains(l, "schema") {
+		t.Errorf("refusal line %q, want the name, EINVAL and the schema's reason", l)
 	}
 }
