@@ -450,8 +450,12 @@ func (m *multiUser) costlySchemas(t *testing.T) {
 			t.Errorf("schema %s: %q, want close=EINVAL", c.name, got)
 		}
 	}
-	if got := readFile(t, d.Path("mine", ".policy")); got != before {
+	got, refused := policyAndRefusal(t, d.Path("mine", ".policy"))
+	if got != before {
 		t.Errorf("policy changed by refused schemas:\n%s", got)
+	}
+	if refused["errno"] != "EINVAL" || refused["uid"] != float64(nobody) {
+		t.Errorf(".policy shows the refusal %v, want EINVAL for uid %d", refused, nobody)
 	}
 	wantOut(t, "root publishes meanwhile", client(t, d.Mountpoint, "publish", "open/inbox/alive", "x"), "open=OK\nwrite=OK\nclose=OK")
 	testenv.MustSh(t, d.Mountpoint, `rm open/inbox/alive`)
