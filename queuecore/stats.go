@@ -2,6 +2,7 @@ package queuecore
 
 import (
 	"context"
+	"os"
 	"sync/atomic"
 	"time"
 )
@@ -98,6 +99,8 @@ type DaemonStats struct {
 	Backend   string  `json:"backend"`
 	Store     string  `json:"store"`
 	UptimeSec float64 `json:"uptime_sec"`
+	// Pid is the daemon's process: `yirangmq umount` waits for it to exit.
+	Pid int `json:"pid"`
 	// Duty is set with a store several daemons share: whether this daemon
 	// now does the timed work (expiry, backoff, retention) for all of them.
 	Duty *bool `json:"duty,omitempty"`
@@ -166,7 +169,7 @@ func (c *Core) Stats(ctx context.Context, queueName string) (QueueStats, error) 
 func (c *Core) DaemonStats(ctx context.Context) (DaemonStats, error) {
 	d := DaemonStats{
 		Version: c.opts.Version, Backend: c.opts.Backend, Store: c.opts.StorePath,
-		UptimeSec: c.now().Sub(c.started).Seconds(), Duty: c.leaser.reportDuty(), Queues: []QueueStats{},
+		UptimeSec: c.now().Sub(c.started).Seconds(), Pid: os.Getpid(), Duty: c.leaser.reportDuty(), Queues: []QueueStats{},
 	}
 	if c.space != nil {
 		d.Disk = c.space.stats()

@@ -62,7 +62,7 @@ func mount(ctx context.Context, env *cliEnv, args []string) (err error) {
 	fl := pflag.NewFlagSet("mount", pflag.ContinueOnError)
 	fl.Usage = func() {
 		fmt.Fprintln(fl.Output(), "Usage: yirangmq mount [OPTIONS] MOUNTPOINT\n\nMounts a store as a filesystem of queues; stays in the foreground until\nSIGTERM or SIGINT, which unmount cleanly (or returns once ready with --daemon).\n\nOptions:")
-		fl.PrintDefaults()
+		printOptions(fl)
 	}
 	var f mountFlags
 	fl.StringVar(&f.backend, "backend", "sqlite", "store backend: sqlite, fs or postgres")
@@ -268,6 +268,10 @@ func mount(ctx context.Context, env *cliEnv, args []string) (err error) {
 		return err
 	}
 	defer fsys.Stop()
+	conn := ""
+	if info, ok, _ := fusefs.LookupMount(mountpoint); ok {
+		conn = info.Conn // for stop, below
+	}
 	log.Info("mounted", logMountpoint, mountpoint, "backend", f.backend, "store", shown, "sync", f.sync, "allow_other", allowOther, "min_free", f.minFree, "pid", os.Getpid())
 	signalReady()
 	// systemd (Type=notify): ready only once the mount serves.
@@ -288,13 +292,27 @@ func mount(ctx context.Context, env *cliEnv, args []string) (err error) {
 			log.Warn("unmount failed, detaching lazily", logMountpoint, mountpoint, logErr, err)
 			_ = unix.Unmount(mountpoint, unix.MNT_DETACH)
 		}
-		<-served
+		select {
+		case <-served:
+		case <-time.After(stopGrace):
+			// Unmounted here, and still served: another mount namespace
+			// holds a copy of the mount (a container, unshare -m), and the
+			// kernel keeps the connection for it. Asked to stop, the
+			// daemon stops: that copy then fails with ENOTCONN.
+			log.Warn("the mount is still held in another mount namespace: aborting its connection to stop",
+				logMountpoint, mountpoint, "fuse_connection", conn, logErr, fusefs.AbortConnection(conn))
+			<-served
+		}
 	case <-served:
 		log.Info("unmounted by umount", "mountpoint", mountpoint)
 	}
 	log.Info("stopped", "mountpoint", mountpoint)
 	return nil
 }
+
+// stopGrace is how long a daemon asked to stop waits for the kernel to
+// let go of its mount after unmounting it.
+const stopGrace = 5 * time.Second
 
 // startProfiles starts a CPU profile to path; stop ends it and writes the
 // allocation profile to path.allocs.
@@ -527,43 +545,4 @@ func recoverMountpoint(mountpoint string, log *slog.Logger) (aborted bool, err e
 			"fuse_connection", info.Conn, "abort_err", aerr, "umount_err", uerr)
 		return true, nil
 	}
-}
-
-func runUmount(ctx context.Context, env *cliEnv, args []string) error {
-	fl := pflag.NewFlagSet("umount", pflag.ContinueOnError)
-	fl.Usage = func() {
-		fmt.Fprintln(fl.Output(), "Usage: yirangmq umount [OPTIONS] MOUNTPOINT\n\nUnmounts a yirangmq mount; the daemon then stops by itself.\n\nOptions:")
-		fl.PrintDefaults()
-	}
-	lazy := fl.BoolP("lazy", "l", false, "detach now even if busy (the daemon stops when the last user leaves)")
-	if ok, err := parseFlags(env, fl, args); !ok {
-		return err
-	}
-	if fl.NArg() != 1 {
-		fmt.Fprintln(env.stderr, "yirangmq umount: exactly one MOUNTPOINT is needed")
-		return errUsage
-	}
-	mp := fl.Arg(0)
-	flags := 0
-	if *lazy {
-		flags = unix.MNT_DETACH
-	}
-	err := unix.Unmount(mp, flags)
-	if errors.Is(err, unix.EPERM) {
-		// Not root: fusermount3 can unmount what this user mounted.
-		if out, ferr := exec.Command("fusermount3", "-u", mp).CombinedOutput(); ferr == nil {
-			return nil
-		} else {
-			return fmt.Errorf("unmount %s: %s", mp, strings.TrimSpace(string(out)))
-		}
-	}
-	switch {
-	case errors.Is(err, unix.EBUSY):
-		return fmt.Errorf("unmount %s: busy: a process has a file open or its working directory there (try fuser -m %s, or --lazy)", mp, mp)
-	case errors.Is(err, unix.EINVAL):
-		return fmt.Errorf("unmount %s: not a mountpoint", mp)
-	case err != nil:
-		return fmt.Errorf("unmount %s: %w", mp, err)
-	}
-	return nil
 }
