@@ -35,6 +35,7 @@ func parseFlags(env *cliEnv, fs *pflag.FlagSet, args []string) (bool, error) {
 	if *help {
 		fs.SetOutput(env.stdout)
 		fs.Usage()
+		printExamples(env.stdout, fs.Name())
 		return false, nil
 	}
 	return true, nil
