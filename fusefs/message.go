@@ -527,6 +527,7 @@ func (n *msgNode) Write(ctx context.Context, fh fs.FileHandle, data []byte, off 
 	if len(data) > 0 {
 		p.written = true
 	}
+	n.fsys.trimWrite(data)
 	return uint32(len(data)), 0
 }
 

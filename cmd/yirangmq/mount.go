@@ -240,16 +240,20 @@ func mount(ctx context.Context, env *cliEnv, args []string) (err error) {
 	opts.FsName = shown
 	opts.MaxMessageInodes, opts.MemoryBudget = f.maxMessageInodes, budget
 	if budget > 0 {
-		// The Go heap is collected harder before the daemon nears the
-		// budget; the rest of it is SQLite's caches and the stacks.
-		debug.SetMemoryLimit(budget / 4 * 3)
+		debug.SetMemoryLimit(heapLimit(budget))
 		log.Info("memory budget", "budget_mib", budget>>20, "cgroup_limit_mib", cgLimit>>20)
 	}
 	var release func()
 	if sh, ok := store.(queuecore.CacheShedder); ok {
 		release = sh.ShedCaches
 	}
-	startQuietGC(log, release)
+	gc := startQuietGC(log, release)
+	if isAutoBudget(f.memoryBudget) {
+		// The limit changes while the daemon runs (systemctl
+		// set-property MemoryMax=, a move to another cgroup): follow it.
+		opts.FollowBudget = autoMemoryBudget
+		opts.BudgetChanged = func(b int64) { gc.setMemoryLimit(heapLimit(b)) }
+	}
 	fsys := fusefs.New(opts)
 	spaceDir := f.store
 	if f.backend == "postgres" {
