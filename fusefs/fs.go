@@ -72,9 +72,9 @@ type Options struct {
 	// BudgetChanged, when set, hears of a budget that FollowBudget changed
 	// (`yirangmq mount` moves the Go heap's soft limit with it).
 	BudgetChanged func(budget int64)
-	FsName       string // shown as the source in /proc/mounts
-	Logger       *slog.Logger
-	Debug        bool
+	FsName        string // shown as the source in /proc/mounts
+	Logger        *slog.Logger
+	Debug         bool
 }
 
 // NameTimeoutFactor is how many times EntryTimeout the names of messages

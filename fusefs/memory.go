@@ -518,11 +518,11 @@ type memState struct {
 	budgetAt   atomic.Int64 // when FollowBudget was last asked (unix ns)
 	trimWrites atomic.Bool  // trimWrite gives back request buffer pages
 	maxWrite   int          // the mount's max_write
-	lru      nodeLRU
-	pressure atomic.Bool  // at shedPct: caches shed, inodes pruned harder
-	full     atomic.Bool  // at fullPct: new messages refused
-	refused  atomic.Int64 // creates refused since full
-	pruned   atomic.Int64 // inodes the kernel was asked to forget
+	lru        nodeLRU
+	pressure   atomic.Bool  // at shedPct: caches shed, inodes pruned harder
+	full       atomic.Bool  // at fullPct: new messages refused
+	refused    atomic.Int64 // creates refused since full
+	pruned     atomic.Int64 // inodes the kernel was asked to forget
 	// memParked: the memory watcher waits on memWake (watchMemory).
 	memParked atomic.Bool
 	memWake   chan struct{}
