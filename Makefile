@@ -149,7 +149,8 @@ lint: $(TOOLS)/staticcheck
 	cd $(BENCH_DIR) && $(GO) vet ./... && $(TOOLS)/staticcheck ./...
 
 # Install the binary, the mount helper link that lets mount(8) and
-# /etc/fstab mount fuse.yirangmq, and the systemd unit.
+# /etc/fstab mount fuse.yirangmq, the systemd unit, and the consumer
+# units (yirangmq-consumer@QUEUE.path starts a consumer when work arrives).
 PREFIX  ?= /usr/local
 BINDIR  ?= $(PREFIX)/bin
 SBINDIR ?= /sbin
@@ -160,7 +161,9 @@ install: build
 	ln -sf $(BINDIR)/yirangmq $(DESTDIR)$(SBINDIR)/mount.fuse.yirangmq
 	install -d $(DESTDIR)$(UNITDIR)
 	sed 's|@BINDIR@|$(BINDIR)|g' dist/yirangmq.service > $(DESTDIR)$(UNITDIR)/yirangmq.service
-	chmod 0644 $(DESTDIR)$(UNITDIR)/yirangmq.service
+	sed 's|@BINDIR@|$(BINDIR)|g' 'dist/yirangmq-consumer@.service' > '$(DESTDIR)$(UNITDIR)/yirangmq-consumer@.service'
+	install -m 0644 'dist/yirangmq-consumer@.path' '$(DESTDIR)$(UNITDIR)/yirangmq-consumer@.path'
+	chmod 0644 $(DESTDIR)$(UNITDIR)/yirangmq.service '$(DESTDIR)$(UNITDIR)/yirangmq-consumer@.service'
 
 clean:
 	rm -rf bin var
