@@ -12,7 +12,7 @@ export CGO_ENABLED := 1
 # A go.work in a parent directory must not change what this module builds.
 export GOWORK := off
 
-.PHONY: all build test fuzz demo bench bench-go torture mount-bench mem-bench mem-soak lint install docs clean release test-cross
+.PHONY: all deps build test fuzz demo bench bench-go torture mount-bench mem-bench mem-soak lint install docs clean release test-cross
 
 all: build
 
@@ -26,7 +26,7 @@ build:
 # so is the vendored go-fuse (third_party/go-fuse), for the tests of our
 # patches to it (PATCHES.md).
 BENCH_DIR := testenv/mountbench
-test: build
+test: deps build
 	$(GO) vet ./...
 	cd $(BENCH_DIR) && $(GO) vet ./...
 	$(GO) test -race -shuffle=on -timeout 30m ./...
@@ -80,8 +80,18 @@ release-%:
 test-cross:
 	scripts/test-cross.sh
 
-# The main job on the embedded default store (SQLite).
-demo: build
+# What make test needs besides Go (scripts/deps.sh): installed with
+# apt-get when run as root on Debian, else one line says what is missing.
+# Nothing happens when everything is there.
+deps:
+	GO=$(GO) scripts/deps.sh
+
+# The main job on the embedded default store (SQLite), under var/demo
+# (DEMO_DIR moves it). It checks what it needs first and says what is
+# missing in one line.
+demo:
+	@GO=$(GO) scripts/demo.sh --check
+	$(MAKE) --no-print-directory build
 	BIN=$(BIN) scripts/demo.sh
 
 # The benchmark suite (docs/bench.md), as root: yirangmq through the mount
