@@ -45,6 +45,13 @@ func TestRefusalsAreVisible(t *testing.T) {
 			t.Errorf("refusal %v, want bad-1, EINVAL, the schema's reason and a time", r)
 		}
 		wantNames(t, "dlq", ls(t, filepath.Join(q, "dlq")), "bad-1")
+		// MOUNT/.stats, which every user of the mount reads, counts the
+		// refusals of each queue but does not name them: QUEUE/.stats is
+		// behind the queue directory's permissions.
+		root := readFile(t, d.Path(".stats"))
+		if strings.Contains(root, "last_refusals") || strings.Contains(root, "bad-1") || !strings.Contains(root, `"refused_total": 1`) {
+			t.Errorf("MOUNT/.stats lists refusals, or does not count them:\n%s", root)
+		}
 
 		// A policy refused at a close nobody checks.
 		testenv.MustSh(t, q, `echo '{"visibilityTimeoutSec": "abc"}' > .policy`)

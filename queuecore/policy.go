@@ -144,6 +144,9 @@ func parsePolicy(data []byte, compile bool) (Policy, error) {
 func describeJSONError(err error) string {
 	var te *json.UnmarshalTypeError
 	if errors.As(err, &te) {
+		// The document is decoded through a struct that embeds Policy
+		// (parsePolicy): its fields are the document's, without the prefix.
+		te.Field = strings.TrimPrefix(te.Field, "Policy.")
 		// A number that does not fit the field's type (on a 32-bit
 		// machine, an int field past 2^31-1): say so, not "must be a
 		// number, not a number".

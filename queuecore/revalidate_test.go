@@ -2,6 +2,7 @@ package queuecore_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"yirangmq/queuecore"
@@ -101,5 +102,23 @@ func mustLeaseFrom(t *testing.T, e *env, q, name string) {
 	t.Helper()
 	if _, err := e.core.Lease(e.ctx, q, name, ""); err != nil {
 		t.Fatalf("lease %s/%s: %v", q, name, err)
+	}
+}
+
+// A refused policy names the field as the document does, also since the
+// document is read through a struct that takes .policy's "lastRefused".
+func TestPolicyErrorNamesTheField(t *testing.T) {
+	_, err := queuecore.ParsePolicy([]byte(`{"visibilityTimeoutSec": "abc"}`))
+	if err == nil || !strings.Contains(err.Error(), `field "visibilityTimeoutSec" must be a number`) {
+		t.Errorf("policy with a string timeout: %v, want it to name the field", err)
+	}
+	_, err = queuecore.ParsePolicy([]byte(`{"retry": {"limit": "x"}}`))
+	if err == nil || !strings.Contains(err.Error(), `field "retry.limit"`) {
+		t.Errorf("policy with a string retry.limit: %v, want it to name the field", err)
+	}
+	// What .policy shows of a refusal is taken back and ignored.
+	p, err := queuecore.ParsePolicy([]byte(`{"maxReady": 7, "lastRefused": {"errno": "EINVAL", "reason": "x"}}`))
+	if err != nil || p.MaxReady != 7 {
+		t.Errorf("a policy carrying lastRefused: %v, %v", p.MaxReady, err)
 	}
 }

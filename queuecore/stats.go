@@ -81,9 +81,12 @@ type QueueStats struct {
 
 	// RefusedTotal counts the operations on the queue refused since the
 	// daemon started, and LastRefusals are the last of them, the newest
-	// first (refusals.go).
+	// first (refusals.go). MOUNT/.stats, which every user of the mount
+	// may read, leaves them out (nil): they name messages and users, and
+	// QUEUE/.stats is reached only through the queue's directory, with
+	// its permissions.
 	RefusedTotal int64     `json:"refused_total"`
-	LastRefusals []Refusal `json:"last_refusals"`
+	LastRefusals []Refusal `json:"last_refusals,omitzero"`
 }
 
 // Rates are events per second averaged over the last minute.
@@ -179,6 +182,7 @@ func (c *Core) DaemonStats(ctx context.Context) (DaemonStats, error) {
 		if err != nil {
 			continue // deleted meanwhile
 		}
+		s.LastRefusals = nil // see QueueStats
 		d.Queues = append(d.Queues, s)
 	}
 	return d, nil

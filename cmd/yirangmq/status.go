@@ -82,7 +82,7 @@ func runStatus(ctx context.Context, env *cliEnv, args []string) error {
 		}
 		printStatusTable(env.stdout, d.Queues)
 		printDiskLine(env.stdout, d.Disk)
-		printRefusals(env.stdout, d.Queues)
+		printRefusals(env.stdout, abs, d.Queues)
 		return nil
 	}
 	if !watch {
@@ -156,9 +156,16 @@ func printStatusTable(w io.Writer, queues []queuecore.QueueStats) {
 
 // printRefusals lists the last operations each queue refused, the newest
 // first: a producer whose shell ignored the error of close(2) (echo >)
-// sees here why its message is not in inbox/.
-func printRefusals(w io.Writer, queues []queuecore.QueueStats) {
+// sees here why its message is not in inbox/. MOUNT/.stats counts them
+// only; the list is in each QUEUE/.stats, which this user may not be
+// allowed to read (then it is left out).
+func printRefusals(w io.Writer, mount string, queues []queuecore.QueueStats) {
 	for _, s := range queues {
+		if s.LastRefusals == nil && s.RefusedTotal > 0 {
+			if qs, err := (queueRef{mount: mount, name: s.Queue}).readStats(); err == nil {
+				s.LastRefusals = qs.LastRefusals
+			}
+		}
 		if len(s.LastRefusals) == 0 {
 			continue
 		}
