@@ -296,17 +296,7 @@ func mount(ctx context.Context, env *cliEnv, args []string) (err error) {
 			log.Warn("unmount failed, detaching lazily", logMountpoint, mountpoint, logErr, err)
 			_ = unix.Unmount(mountpoint, unix.MNT_DETACH)
 		}
-		select {
-		case <-served:
-		case <-time.After(stopGrace):
-			// Unmounted here, and still served: another mount namespace
-			// holds a copy of the mount (a container, unshare -m), and the
-			// kernel keeps the connection for it. Asked to stop, the
-			// daemon stops: that copy then fails with ENOTCONN.
-			log.Warn("the mount is still held in another mount namespace: aborting its connection to stop",
-				logMountpoint, mountpoint, "fuse_connection", conn, logErr, fusefs.AbortConnection(conn))
-			<-served
-		}
+		stopServing(served, conn, mountpoint, log)
 	case <-served:
 		log.Info("unmounted by umount", "mountpoint", mountpoint)
 	}
@@ -315,8 +305,32 @@ func mount(ctx context.Context, env *cliEnv, args []string) (err error) {
 }
 
 // stopGrace is how long a daemon asked to stop waits for the kernel to
-// let go of its mount after unmounting it.
+// let go of its mount after unmounting it, before it looks why not.
 const stopGrace = 5 * time.Second
+
+// stopServing waits, once the daemon has unmounted its mount, for the
+// kernel to let go of the connection (served closes). A mount detached
+// lazily while busy is let go when its last user leaves: that is waited
+// for. One that another mount namespace holds (a container, unshare -m,
+// a service with PrivateTmp= started while it was mounted) is never let
+// go while that namespace lives: asked to stop, the daemon stops, by
+// aborting the connection, and that copy then fails with ENOTCONN.
+func stopServing(served <-chan struct{}, conn, mountpoint string, log *slog.Logger) {
+	for {
+		select {
+		case <-served:
+			return
+		case <-time.After(stopGrace):
+		}
+		if holders := mountHolders(conn); len(holders) > 0 {
+			log.Warn("the mount is still held in another mount namespace: aborting its connection to stop",
+				logMountpoint, mountpoint, "fuse_connection", conn, "holder_pid", holders[0].pid, "holder_comm", holders[0].comm,
+				logErr, fusefs.AbortConnection(conn))
+			<-served
+			return
+		}
+	}
+}
 
 // startProfiles starts a CPU profile to path; stop ends it and writes the
 // allocation profile to path.allocs.

@@ -48,6 +48,12 @@ func runUmount(ctx context.Context, env *cliEnv, args []string) error {
 	if err != nil {
 		return err
 	}
+	// /proc/self/mountinfo names the mountpoint without symlinks. (The
+	// mountpoint itself is the mount's root, which a dead mount cannot
+	// stat: then the path stays as given.)
+	if dir, err := filepath.EvalSymlinks(filepath.Dir(mp)); err == nil {
+		mp = filepath.Join(dir, filepath.Base(mp))
+	}
 	info, mounted, err := fusefs.LookupMount(mp)
 	switch {
 	case err != nil:
