@@ -39,7 +39,7 @@ func runConsume(ctx context.Context, env *cliEnv, args []string) error {
 	fl.StringVarP(&queue, "queue", "q", "", "the queue to consume")
 	fl.IntVarP(&c.workers, "concurrency", "c", 1, "messages handled at once")
 	fl.Int64Var(&c.max, "max-messages", 0, "exit after this many messages (0: no limit)")
-	fl.BoolVar(&c.drain, "drain", false, "exit once the queue is worked off: nothing ready, in flight or delayed, as yirangmq drain waits for (failed messages are retried after their backoff until they succeed or are dead-lettered)")
+	fl.BoolVar(&c.drain, "drain", false, "exit once the queue is worked off: nothing ready, in flight (other consumers' leases too) or delayed, as yirangmq drain waits for (failed messages are retried after their backoff until they succeed or are dead-lettered)")
 	fl.BoolVarP(&c.verbose, "verbose", "v", false, "say what happens to every message on stderr")
 	if ok, err := parseFlags(env, fl, args); !ok {
 		return err
