@@ -12,7 +12,7 @@ export CGO_ENABLED := 1
 # A go.work in a parent directory must not change what this module builds.
 export GOWORK := off
 
-.PHONY: all build test fuzz demo bench bench-go torture mount-bench mem-bench mem-soak lint install docs clean release test-cross
+.PHONY: all deps build test fuzz demo bench bench-go torture mount-bench mem-bench mem-soak lint install docs clean release test-cross
 
 all: build
 
@@ -26,7 +26,7 @@ build:
 # so is the vendored go-fuse (third_party/go-fuse), for the tests of our
 # patches to it (PATCHES.md).
 BENCH_DIR := testenv/mountbench
-test: build
+test: deps build
 	$(GO) vet ./...
 	cd $(BENCH_DIR) && $(GO) vet ./...
 	$(GO) test -race -shuffle=on -timeout 30m ./...
@@ -81,8 +81,18 @@ release-%:
 test-cross:
 	scripts/test-cross.sh
 
-# The main job on the embedded default store (SQLite).
-demo: build
+# What make test needs besides Go (scripts/deps.sh): installed with
+# apt-get when run as root on Debian, else one line says what is missing.
+# Nothing happens when everything is there.
+deps:
+	GO=$(GO) scripts/deps.sh
+
+# The main job on the embedded default store (SQLite), under var/demo
+# (DEMO_DIR moves it). It checks what it needs first and says what is
+# missing in one line.
+demo:
+	@GO=$(GO) scripts/demo.sh --check
+	$(MAKE) --no-print-directory build
 	BIN=$(BIN) scripts/demo.sh
 
 # The benchmark suite (docs/bench.md), as root: yirangmq through the mount
@@ -150,7 +160,8 @@ lint: $(TOOLS)/staticcheck
 	cd $(BENCH_DIR) && $(GO) vet ./... && $(TOOLS)/staticcheck ./...
 
 # Install the binary, the mount helper link that lets mount(8) and
-# /etc/fstab mount fuse.yirangmq, and the systemd unit.
+# /etc/fstab mount fuse.yirangmq, the systemd unit, and the consumer
+# units (yirangmq-consumer@QUEUE.path starts a consumer when work arrives).
 PREFIX  ?= /usr/local
 BINDIR  ?= $(PREFIX)/bin
 SBINDIR ?= /sbin
@@ -161,7 +172,9 @@ install: build
 	ln -sf $(BINDIR)/yirangmq $(DESTDIR)$(SBINDIR)/mount.fuse.yirangmq
 	install -d $(DESTDIR)$(UNITDIR)
 	sed 's|@BINDIR@|$(BINDIR)|g' dist/yirangmq.service > $(DESTDIR)$(UNITDIR)/yirangmq.service
-	chmod 0644 $(DESTDIR)$(UNITDIR)/yirangmq.service
+	sed 's|@BINDIR@|$(BINDIR)|g' 'dist/yirangmq-consumer@.service' > '$(DESTDIR)$(UNITDIR)/yirangmq-consumer@.service'
+	install -m 0644 'dist/yirangmq-consumer@.path' '$(DESTDIR)$(UNITDIR)/yirangmq-consumer@.path'
+	chmod 0644 $(DESTDIR)$(UNITDIR)/yirangmq.service '$(DESTDIR)$(UNITDIR)/yirangmq-consumer@.service'
 
 clean:
 	rm -rf bin var

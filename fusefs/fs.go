@@ -63,9 +63,18 @@ type Options struct {
 	// MemoryBudget, in bytes of RSS, is where the daemon sheds its caches
 	// (at 70%) and refuses new messages with ENOSPC (at 90%); 0 is none.
 	MemoryBudget int64
-	FsName       string // shown as the source in /proc/mounts
-	Logger       *slog.Logger
-	Debug        bool
+	// FollowBudget, when set, gives the budget as it is now (three
+	// quarters of the cgroup's memory limit, which `systemctl
+	// set-property` or a move to another cgroup changes while the daemon
+	// runs). It is asked again at most once a second, while the daemon
+	// works (memory.go, followBudget); an idle daemon does not grow.
+	FollowBudget func() int64
+	// BudgetChanged, when set, hears of a budget that FollowBudget changed
+	// (`yirangmq mount` moves the Go heap's soft limit with it).
+	BudgetChanged func(budget int64)
+	FsName        string // shown as the source in /proc/mounts
+	Logger        *slog.Logger
+	Debug         bool
 }
 
 // NameTimeoutFactor is how many times EntryTimeout the names of messages
@@ -168,6 +177,9 @@ func New(opts Options) *FS {
 // its Unmount to stop.
 func (f *FS) Mount(core *queuecore.Core, mountpoint string) (*Server, error) {
 	f.core = core
+	f.maxWrite = maxWriteFor(f.opts.MemoryBudget)
+	f.budget.Store(f.opts.MemoryBudget)
+	f.trimWrites.Store(f.maxWrite > smallMaxWrite && smallBudgetFor(f.opts.MemoryBudget))
 	entry, attr, negative := f.opts.EntryTimeout, f.opts.AttrTimeout, time.Duration(0)
 	mo := fuse.MountOptions{
 		FsName:        f.opts.FsName,
@@ -175,7 +187,7 @@ func (f *FS) Mount(core *queuecore.Core, mountpoint string) (*Server, error) {
 		AllowOther:    f.opts.AllowOther,
 		Debug:         f.opts.Debug,
 		MaxBackground: 64,
-		MaxWrite:      maxWriteFor(f.opts.MemoryBudget),
+		MaxWrite:      f.maxWrite,
 		// A bug in a handler must not take the queues down: log it with
 		// its stack and answer that request with EIO.
 		PanicHandler: func(r any) fuse.Status {
@@ -200,7 +212,7 @@ func (f *FS) Mount(core *queuecore.Core, mountpoint string) (*Server, error) {
 		f.wg.Add(2)
 		go f.sweepDrafts()
 		go f.prune(&f.root.Inode)
-		if f.opts.MemoryBudget > 0 {
+		if f.opts.MemoryBudget > 0 || f.opts.FollowBudget != nil {
 			f.wg.Add(1)
 			go f.watchMemory()
 		}

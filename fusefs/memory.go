@@ -10,8 +10,10 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/hanwen/go-fuse/v2/fs"
+	"golang.org/x/sys/unix"
 )
 
 // The kernel keeps an inode (and its dentry) for every message it has
@@ -280,9 +282,11 @@ func (f *FS) pruneCandidates(limit int) []*fs.Inode {
 // (memoryFull), a draft's buffer, a new message node (a lookup; the pruner
 // bounds their number on its own). A create that wakes it looks at the
 // RSS itself.
+//
+// Without a budget (none yet: FollowBudget may give one later) it parks
+// the same way, and a create that finds a budget wakes it.
 func (f *FS) watchMemory() {
 	defer f.wg.Done()
-	budget := f.opts.MemoryBudget
 	t := time.NewTicker(memWatchEvery)
 	defer func() { t.Stop() }()
 	var lastFree time.Time
@@ -294,21 +298,28 @@ func (f *FS) watchMemory() {
 			return
 		case <-t.C:
 		}
+		f.followBudget()
+		budget := f.budget.Load()
 		rss := readRSS()
-		if rss <= 0 {
-			continue
-		}
-		pct := rss * 100 / budget
-		// Steady: within 1% of the budget of the first calm look of the
-		// run, so that slow growth does not count as steady.
-		calm := pct < calmPct && !f.pressure.Load() && !f.full.Load()
-		switch d := rss - steadyFrom; {
-		case !calm:
-			steady = 0
-		case steady > 0 && d < budget/100 && -d < budget/100:
-			steady++
-		default:
-			steady, steadyFrom = 1, rss
+		var pct int64
+		if budget > 0 {
+			if rss <= 0 {
+				continue
+			}
+			pct = rss * 100 / budget
+			// Steady: within 1% of the budget of the first calm look of
+			// the run, so that slow growth does not count as steady.
+			calm := pct < calmPct && !f.pressure.Load() && !f.full.Load()
+			switch d := rss - steadyFrom; {
+			case !calm:
+				steady = 0
+			case steady > 0 && d < budget/100 && -d < budget/100:
+				steady++
+			default:
+				steady, steadyFrom = 1, rss
+			}
+		} else {
+			steady = memWatchCalmLooks // no budget (yet): nothing to watch
 		}
 		if steady >= memWatchCalmLooks {
 			t.Stop()
@@ -321,6 +332,10 @@ func (f *FS) watchMemory() {
 			steady = 0
 			t = time.NewTicker(memWatchEvery)
 			// Look at once: the daemon holds more than when it parked.
+			f.followBudget()
+			if budget = f.budget.Load(); budget <= 0 {
+				continue
+			}
 			rss = readRSS()
 			if rss <= 0 {
 				continue
@@ -373,7 +388,7 @@ const (
 // wakeMemWatch wakes a parked memory watcher, and reports whether this
 // call did. Cheap when it is not parked: one atomic load.
 func (f *FS) wakeMemWatch() bool {
-	if !f.memParked.Load() || !f.memParked.CompareAndSwap(true, false) {
+	if !f.memParked.Load() || f.budget.Load() <= 0 || !f.memParked.CompareAndSwap(true, false) {
 		return false
 	}
 	select {
@@ -399,8 +414,13 @@ func (f *FS) growDrafts(uid uint32, delta int64) bool {
 // wakes a parked memory watcher; the create that wakes it looks at the
 // RSS itself, since the watcher's look comes after it.
 func (f *FS) memoryFull() bool {
+	f.followBudget()
+	budget := f.budget.Load()
+	if budget <= 0 {
+		return false
+	}
 	if f.wakeMemWatch() {
-		if rss := readRSS(); rss > 0 && rss*100/f.opts.MemoryBudget >= fullPct {
+		if rss := readRSS(); rss > 0 && rss*100/budget >= fullPct {
 			f.refused.Add(1)
 			return true
 		}
@@ -429,13 +449,80 @@ func readRSS() int64 {
 	return pages * int64(os.Getpagesize())
 }
 
+// followBudget asks Options.FollowBudget for the budget, at most once a
+// second (a look reads /proc/self/cgroup and a limit file or two), and
+// takes a new one: the watcher then measures against it, creates are
+// refused at its 90%, and a small one trims the request buffers
+// (trimWrite). It costs a clock read on every call.
+func (f *FS) followBudget() {
+	follow := f.opts.FollowBudget
+	if follow == nil {
+		return
+	}
+	now := time.Now().UnixNano()
+	last := f.budgetAt.Load()
+	if now-last < int64(time.Second) || !f.budgetAt.CompareAndSwap(last, now) {
+		return
+	}
+	budget := follow()
+	old := f.budget.Swap(budget)
+	if budget == old {
+		return
+	}
+	trim := f.maxWrite > smallMaxWrite && smallBudgetFor(budget)
+	f.trimWrites.Store(trim)
+	if budget <= 0 {
+		f.pressure.Store(false)
+		f.full.Store(false)
+	}
+	f.log.Warn("memory budget changed with the cgroup's memory limit", "budget_mib", budget>>20, "was_mib", old>>20, "trim_write_buffers", trim)
+	if f.opts.BudgetChanged != nil {
+		f.opts.BudgetChanged(budget)
+	}
+	if budget > 0 && (old <= 0 || budget < old) {
+		// Give back at once what the buffers and caches hold beyond
+		// what is in use: the pool's request buffers go with a collection.
+		debug.FreeOSMemory()
+	}
+	f.wakeMemWatch()
+}
+
+// trimWrite gives the kernel back the pages of a request buffer that a
+// WRITE of data filled, once its bytes are copied: under a small budget
+// (smallBudgetFor) on a mount made with 1 MiB requests. The kernel's
+// max_write is agreed once, at the mount, so the requests stay up to
+// 1 MiB; what shrinks is what the buffers keep resident, back to the
+// pages that requests of at most smallMaxWrite touch. The buffer is
+// go-fuse's, reused for the next request, whose read(2) fills it anew:
+// MADV_DONTNEED only drops bytes already copied (the next touch of a
+// page gets a zeroed one). A []byte holds no pointers, so the garbage
+// collector never reads it.
+func (f *FS) trimWrite(data []byte) {
+	if len(data) <= smallMaxWrite || !f.trimWrites.Load() {
+		return
+	}
+	page := uintptr(os.Getpagesize())
+	start := uintptr(unsafe.Pointer(unsafe.SliceData(data)))
+	end := start + uintptr(len(data))
+	from := (start + smallMaxWrite + page - 1) &^ (page - 1) // the first smallMaxWrite stay: every request uses them
+	to := end &^ (page - 1)
+	if to <= from {
+		return
+	}
+	_ = unix.Madvise(data[from-start:to-start], unix.MADV_DONTNEED)
+}
+
 // memState is the FS's part of the above.
 type memState struct {
-	lru      nodeLRU
-	pressure atomic.Bool  // at shedPct: caches shed, inodes pruned harder
-	full     atomic.Bool  // at fullPct: new messages refused
-	refused  atomic.Int64 // creates refused since full
-	pruned   atomic.Int64 // inodes the kernel was asked to forget
+	budget     atomic.Int64 // the memory budget now (Options.MemoryBudget, then FollowBudget)
+	budgetAt   atomic.Int64 // when FollowBudget was last asked (unix ns)
+	trimWrites atomic.Bool  // trimWrite gives back request buffer pages
+	maxWrite   int          // the mount's max_write
+	lru        nodeLRU
+	pressure   atomic.Bool  // at shedPct: caches shed, inodes pruned harder
+	full       atomic.Bool  // at fullPct: new messages refused
+	refused    atomic.Int64 // creates refused since full
+	pruned     atomic.Int64 // inodes the kernel was asked to forget
 	// memParked: the memory watcher waits on memWake (watchMemory).
 	memParked atomic.Bool
 	memWake   chan struct{}
@@ -450,7 +537,12 @@ func (f *FS) appendMemoryMetrics(b []byte) []byte {
 	b = fmt.Appendf(b, "# HELP yirangmq_message_inodes Message inodes the kernel holds (a node each in the daemon).\n# TYPE yirangmq_message_inodes gauge\nyirangmq_message_inodes %d\n", f.MessageInodes())
 	b = fmt.Appendf(b, "# HELP yirangmq_pruned_inodes_total Message inodes the kernel was asked to forget.\n# TYPE yirangmq_pruned_inodes_total counter\nyirangmq_pruned_inodes_total %d\n", f.pruned.Load())
 	b = fmt.Appendf(b, "# HELP yirangmq_rss_bytes Resident memory of the daemon.\n# TYPE yirangmq_rss_bytes gauge\nyirangmq_rss_bytes %d\n", readRSS())
-	b = fmt.Appendf(b, "# HELP yirangmq_memory_budget_bytes The memory budget (0: none).\n# TYPE yirangmq_memory_budget_bytes gauge\nyirangmq_memory_budget_bytes %d\n", f.opts.MemoryBudget)
+	b = fmt.Appendf(b, "# HELP yirangmq_memory_budget_bytes The memory budget (0: none).\n# TYPE yirangmq_memory_budget_bytes gauge\nyirangmq_memory_budget_bytes %d\n", f.budget.Load())
+	trim := 0
+	if f.trimWrites.Load() {
+		trim = 1
+	}
+	b = fmt.Appendf(b, "# HELP yirangmq_write_buffers_trimmed 1 while the pages of a request buffer past what a small budget's requests use are given back after each write.\n# TYPE yirangmq_write_buffers_trimmed gauge\nyirangmq_write_buffers_trimmed %d\n", trim)
 	b = fmt.Appendf(b, "# HELP yirangmq_memory_full 1 while new messages are refused for memory.\n# TYPE yirangmq_memory_full gauge\nyirangmq_memory_full %d\n", full)
 	parked := 0
 	if f.memParked.Load() {

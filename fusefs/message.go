@@ -259,6 +259,13 @@ func (n *msgNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrO
 	return n.fillAttr(ctx, &out.Attr)
 }
 
+// nameNow is the node's name as it is now.
+func (n *msgNode) nameNow() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.name
+}
+
 func (n *msgNode) isPending() bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -332,8 +339,7 @@ func (n *msgNode) open(ctx context.Context, flags uint32) (fs.FileHandle, uint32
 		size := int64(len(p.buf))
 		if !n.fsys.growDrafts(uid, size) {
 			n.mu.Unlock()
-			n.fsys.log.Warn("open refused: too many uncommitted bytes (EDQUOT)", logQueue, n.queue, logName, name, logUID, uid)
-			return nil, 0, errnoOf(errDraftsFull)
+			return nil, 0, n.fsys.refuse(refusal{msg: "open refused: too many uncommitted bytes (EDQUOT)", queue: n.queue, name: name, uid: uid, errno: errnoOf(errDraftsFull)})
 		}
 		body := append([]byte(nil), p.buf...)
 		n.mu.Unlock()
@@ -344,8 +350,7 @@ func (n *msgNode) open(ctx context.Context, flags uint32) (fs.FileHandle, uint32
 		return nil, 0, errno
 	}
 	if writing {
-		n.fsys.log.Warn("open for writing refused: committed messages are immutable", logQueue, n.queue, logName, name)
-		return nil, 0, syscall.EPERM
+		return nil, 0, n.fsys.refuse(refusal{msg: "open for writing refused: committed messages are immutable", queue: n.queue, name: name, uid: callerUID(ctx), errno: syscall.EPERM})
 	}
 	var f *os.File
 	var err error
@@ -446,8 +451,7 @@ func (n *msgNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAtt
 				return errno
 			}
 		}
-		n.fsys.log.Warn("truncate refused: committed messages are immutable", logQueue, n.queue, logName, name)
-		return errnoOf(queuecore.ErrImmutable)
+		return n.fsys.refuse(refusal{msg: "truncate refused: committed messages are immutable", queue: n.queue, name: name, uid: callerUID(ctx), errno: errnoOf(queuecore.ErrImmutable)})
 	}
 	var m queuecore.Message
 	n.mayCache()
@@ -481,8 +485,7 @@ func (n *msgNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAtt
 	uid, hasUID := in.GetUID()
 	gid, hasGID := in.GetGID()
 	if (hasUID && uid != m.UID) || (hasGID && gid != m.GID) {
-		n.fsys.log.Warn("chown refused: a message stays owned by its publisher", logQueue, n.queue, logName, name)
-		return errnoOf(queuecore.ErrImmutable)
+		return n.fsys.refuse(refusal{msg: "chown refused: a message stays owned by its publisher", queue: n.queue, name: name, uid: callerUID(ctx), errno: errnoOf(queuecore.ErrImmutable)})
 	}
 	if m.State == queuecore.StateLeased && (hasMtime || in.Valid&(fuse.FATTR_MTIME_NOW|fuse.FATTR_ATIME|fuse.FATTR_ATIME_NOW) != 0) {
 		var deadline time.Time // zero: now + visibility timeout
@@ -524,6 +527,7 @@ func (n *msgNode) Write(ctx context.Context, fh fs.FileHandle, data []byte, off 
 	if len(data) > 0 {
 		p.written = true
 	}
+	n.fsys.trimWrite(data)
 	return uint32(len(data)), 0
 }
 
@@ -539,8 +543,9 @@ func (n *msgNode) resizeLocked(size int64) error {
 	}
 	if size > p.limit {
 		if !p.tooBig {
+			// Recorded at the close, which fails with EFBIG too (commit).
 			n.fsys.log.Warn("write refused: message larger than the queue's maxMessageBytes",
-				logQueue, n.queue, logName, n.name, "limit", p.limit)
+				logQueue, n.queue, logName, n.name, logUID, p.uid, "limit", p.limit)
 			p.tooBig = true
 		}
 		return queuecore.ErrTooLarge
@@ -560,7 +565,7 @@ func (n *msgNode) resizeLocked(size int64) error {
 		newCap = size
 		if !n.fsys.growDrafts(p.uid, newCap-p.held) {
 			if !p.quota {
-				n.fsys.log.Warn("write refused: too many uncommitted bytes (EDQUOT)", logQueue, n.queue, logName, n.name, logUID, p.uid,
+				n.fsys.refuse(refusal{msg: "write refused: too many uncommitted bytes (EDQUOT)", queue: n.queue, name: n.name, uid: p.uid, errno: errnoOf(errDraftsFull)},
 					"max_total", n.fsys.opts.MaxDraftBytes, "max_per_uid", n.fsys.opts.MaxDraftBytesPerUID)
 				p.quota = true
 			}

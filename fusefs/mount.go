@@ -39,11 +39,15 @@ const (
 // maxWriteFor is the max_write (and max_read) of a mount with budget
 // (bytes of RSS, 0: none).
 func maxWriteFor(budget int64) int {
-	if budget > 0 && budget < smallBudget {
+	if smallBudgetFor(budget) {
 		return smallMaxWrite
 	}
 	return maxWrite
 }
+
+// smallBudgetFor reports whether a budget is a small device's, whose
+// requests are at most smallMaxWrite.
+func smallBudgetFor(budget int64) bool { return budget > 0 && budget < smallBudget }
 
 // Server is a mount being served.
 type Server struct {

@@ -64,16 +64,22 @@ func (n *msgNode) commit(ctx context.Context) syscall.Errno {
 		return 0
 	}
 	p.done = true
-	n.fsys.dropPending(n.queue, n.name, n)
+	// The file stays in FS.pending until the commit's outcome is known
+	// (n.mu is held throughout): an unlink that comes meanwhile finds it,
+	// waits for n.mu and then removes whatever the commit made of it
+	// (stateDir.Unlink). Dropped from the map first, the file of an empty
+	// message committed at RELEASE (after close(2) has returned) was in
+	// neither place for the length of the commit: an unlink then got
+	// ENOENT, or returned 0 while the commit published the message anyway.
+	defer n.fsys.dropPending(n.queue, n.name, n)
 	if p.tooBig {
 		// A write past maxMessageBytes already failed with EFBIG: what was
 		// written before it (or nothing at all) is not the producer's
 		// message, so committing it would publish a half or empty message.
 		// Drop the file and fail the close too, for a producer that only
 		// checks close(2).
-		n.fsys.log.Warn("message dropped: a write went past maxMessageBytes", logQueue, n.queue, logName, n.name, "limit", p.limit)
 		n.release(p)
-		return syscall.EFBIG
+		return n.fsys.refuse(refusal{msg: "message dropped: a write went past maxMessageBytes", queue: n.queue, name: n.name, uid: p.uid, errno: syscall.EFBIG}, "limit", p.limit)
 	}
 	res, err := n.fsys.core.Publish(ctx, n.queue, n.name, p.buf, queuecore.PublishOptions{
 		UID: p.uid, GID: p.gid, Delay: p.delay, DedupKey: p.dedupKey, ID: n.id, MTime: p.mtime,
@@ -86,8 +92,9 @@ func (n *msgNode) commit(ctx context.Context) syscall.Errno {
 		n.pend = nil // from now on the node is the message
 	case errors.As(err, &ve) && ve.Kept:
 		n.pend = nil // the message lives on in dlq/; close(2) says EINVAL (the core logged why)
+		n.fsys.refuse(refusal{msg: "publish refused", queue: n.queue, name: n.name, uid: p.uid, errno: errnoOf(err), err: err, logged: true})
 	default:
-		n.fsys.log.Warn("publish failed", logQueue, n.queue, logName, n.name, logErr, err)
+		n.fsys.refuse(refusal{msg: "publish failed", queue: n.queue, name: n.name, uid: p.uid, errno: errnoOf(err), err: err})
 	}
 	if n.pend == nil || err == nil || !p.wasDraft {
 		// Published (or dropped as a duplicate): the store has it. Or
@@ -97,14 +104,27 @@ func (n *msgNode) commit(ctx context.Context) syscall.Errno {
 	return errnoOf(err)
 }
 
-// discard drops a file being written or a draft (rm before commit).
-func (n *msgNode) discard() {
+// discardOrCommitted is the unlink of a file that was being written or a
+// draft. It waits for a commit under way (which holds n.mu). A file not
+// committed yet is dropped, and so is one whose commit published nothing
+// (refused, or dropped as a duplicate): settled, the unlink is done.
+// Otherwise the commit published it, and m is the message it became,
+// wherever it is now (zero when it is gone already): the caller removes it.
+func (n *msgNode) discardOrCommitted(ctx context.Context) (m queuecore.Message, settled bool) {
 	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.pend != nil {
-		n.pend.done = true
-		n.release(n.pend)
+	if p := n.pend; p != nil {
+		p.done = true
+		n.release(p)
+		n.mu.Unlock()
+		n.fsys.dropPending(n.queue, n.name, n)
+		return queuecore.Message{}, true
 	}
+	n.mu.Unlock()
+	m, err := n.current(ctx)
+	if err != nil {
+		return queuecore.Message{}, false
+	}
+	return m, false
 }
 
 // release drops the bytes of a file not committed and gives them

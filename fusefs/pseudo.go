@@ -229,10 +229,14 @@ func (n *policyNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uin
 		// The policy in effect is a closed stand-in, not the owner's: a
 		// read-modify-write of it (yirangmq resume) must not reopen the
 		// queue on defaults. Writing a whole valid policy does.
-		n.fsys.log.Warn(".policy read refused: the stored policy cannot be loaded", logQueue, n.queue, logErr, why)
+		n.fsys.log.Warn(".policy read refused: the stored policy cannot be loaded", logQueue, n.queue, logUID, callerUID(ctx), logErr, why)
 		return nil, 0, syscall.EIO
 	}
-	return &snapshot{data: p.JSON()}, fuse.FOPEN_DIRECT_IO | noFlush, 0
+	doc, err := n.fsys.core.PolicyDocument(n.queue) // with the refusal of the last document written, if any
+	if err != nil {
+		return nil, 0, errnoOf(err)
+	}
+	return &snapshot{data: doc}, fuse.FOPEN_DIRECT_IO | noFlush, 0
 }
 
 var _ = (fs.NodeReader)((*policyNode)(nil))
@@ -283,14 +287,13 @@ func (n *policyNode) commit(ctx context.Context, w *policyWriter) syscall.Errno 
 	if w.tooBig {
 		// What fitted before the EFBIG is not the writer's document, even
 		// when it parses (a valid object followed by a megabyte of spaces).
-		n.fsys.log.Warn("policy rejected: document larger than the limit", logQueue, n.queue, "limit", maxPolicyWrite)
-		return syscall.EINVAL
+		return n.fsys.refuse(refusal{msg: "policy rejected: document larger than the limit", queue: n.queue, uid: w.creds.uid, errno: syscall.EINVAL, policy: true}, "limit", maxPolicyWrite)
 	}
 	if errno := n.checkFanout(w); errno != 0 {
 		return errno
 	}
 	if err := n.fsys.core.SetPolicy(ctx, n.queue, w.buf); err != nil {
-		return errnoOf(err) // the core logged why
+		return n.fsys.refuse(refusal{msg: "policy rejected", queue: n.queue, uid: w.creds.uid, errno: errnoOf(err), err: err, policy: true})
 	}
 	n.fsys.log.Info("policy replaced", logQueue, n.queue)
 	return 0
@@ -314,8 +317,7 @@ func (n *policyNode) checkFanout(w *policyWriter) syscall.Errno {
 			continue // no such queue: SetPolicy says so
 		}
 		if !w.creds.may(info.UID, info.GID, info.Mode, mayWrite|mayExec) {
-			n.fsys.log.Warn("policy rejected: fanout to a queue its writer may not publish to", logQueue, n.queue, "fanout", target, logUID, w.creds.uid)
-			return syscall.EACCES
+			return n.fsys.refuse(refusal{msg: "policy rejected: fanout to a queue its writer may not publish to", queue: n.queue, uid: w.creds.uid, errno: syscall.EACCES, policy: true}, "fanout", target)
 		}
 	}
 	return 0
@@ -391,8 +393,7 @@ func (n *nextNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 		return nil, 0, errnoOf(err)
 	}
 	if c := callerCreds(ctx); !c.may(info.UID, info.GID, info.Mode, mayWrite|mayExec) {
-		n.fsys.log.Warn(".next refused: leasing needs write permission on the queue", logQueue, n.queue, logUID, c.uid)
-		return nil, 0, syscall.EACCES
+		return nil, 0, n.fsys.refuse(refusal{msg: ".next refused: leasing needs write permission on the queue", queue: n.queue, name: ".next", uid: c.uid, errno: syscall.EACCES})
 	}
 	return &nextHandle{nonblock: flags&syscall.O_NONBLOCK != 0}, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NONSEEKABLE | noFlush, 0
 }
@@ -409,8 +410,7 @@ func (n *nextNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off 
 	if !h.leased {
 		uid, _, _ := caller(ctx)
 		if why := n.fsys.readers.enter(&n.fsys.opts, uid, n.queue); why != "" {
-			n.fsys.log.Warn(".next refused: too many blocked readers "+why, logQueue, n.queue, logUID, uid)
-			return nil, syscall.EBUSY
+			return nil, n.fsys.refuse(refusal{msg: ".next refused: too many blocked readers " + why, queue: n.queue, name: ".next", uid: uid, errno: syscall.EBUSY})
 		}
 		m, err := n.fsys.core.Next(ctx, n.queue, n.fsys.consumer(ctx), h.nonblock)
 		n.fsys.readers.leave(uid, n.queue)

@@ -145,8 +145,7 @@ func (q *queueNode) Unlink(ctx context.Context, name string) syscall.Errno {
 var _ = (fs.NodeCreater)((*queueNode)(nil))
 
 func (q *queueNode) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
-	q.fsys.log.Warn("create refused: messages are created in inbox/", logQueue, q.queue, logName, name)
-	return nil, nil, 0, syscall.EPERM
+	return nil, nil, 0, q.fsys.refuse(refusal{msg: "create refused: messages are created in inbox/", queue: q.queue, name: name, uid: callerUID(ctx), errno: syscall.EPERM})
 }
 
 var _ = (fs.NodeMkdirer)((*queueNode)(nil))

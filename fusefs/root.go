@@ -71,8 +71,7 @@ var _ = (fs.NodeMkdirer)((*rootNode)(nil))
 func (r *rootNode) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	uid, gid, _ := caller(ctx)
 	if err := r.fsys.core.CreateQueue(ctx, name, uid, gid, mode&0o7777); err != nil {
-		r.fsys.log.Warn("mkdir refused", logName, name, logErr, err)
-		return nil, errnoOf(err)
+		return nil, r.fsys.refuse(refusal{msg: "mkdir refused", name: name, uid: uid, errno: errnoOf(err), err: err})
 	}
 	return r.queueInode(ctx, name, out)
 }
@@ -90,8 +89,7 @@ func (r *rootNode) Rmdir(ctx context.Context, name string) syscall.Errno {
 var _ = (fs.NodeCreater)((*rootNode)(nil))
 
 func (r *rootNode) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
-	r.fsys.log.Warn("create refused: only queue directories live at the top of a mount", logName, name)
-	return nil, nil, 0, syscall.EPERM
+	return nil, nil, 0, r.fsys.refuse(refusal{msg: "create refused: only queue directories live at the top of a mount", name: name, uid: callerUID(ctx), errno: syscall.EPERM})
 }
 
 var _ = (fs.NodeUnlinker)((*rootNode)(nil))

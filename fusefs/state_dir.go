@@ -114,8 +114,7 @@ var _ = (fs.NodeCreater)((*stateDir)(nil))
 // inbox/. It is committed at close; see pending.go.
 func (d *stateDir) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
 	if d.state != queuecore.StateReady {
-		d.fsys.log.Warn("create refused: messages are published in inbox/", logQueue, d.queue, "dir", d.state.Dir(), logName, name)
-		return nil, nil, 0, syscall.EPERM
+		return nil, nil, 0, d.fsys.refuse(refusal{msg: "create refused: messages are published in inbox/", queue: d.queue, name: name, uid: callerUID(ctx), errno: syscall.EPERM}, "dir", d.state.Dir())
 	}
 	draft := strings.HasPrefix(name, ".")
 	check := name
@@ -126,13 +125,11 @@ func (d *stateDir) Create(ctx context.Context, name string, flags uint32, mode u
 		}
 	}
 	if err := queuecore.CheckMessageName(check); err != nil {
-		d.fsys.log.Warn("create refused", logQueue, d.queue, logName, name, logErr, err)
-		return nil, nil, 0, errnoOf(err)
+		return nil, nil, 0, d.fsys.refuse(refusal{msg: "create refused", queue: d.queue, name: name, uid: callerUID(ctx), errno: errnoOf(err), err: err})
 	}
 	if !draft {
 		if err := d.fsys.core.CheckPublish(ctx, d.queue, name); err != nil {
-			d.fsys.log.Info("create refused", logQueue, d.queue, logName, name, logErr, err)
-			return nil, nil, 0, errnoOf(err)
+			return nil, nil, 0, d.fsys.refuse(refusal{msg: "create refused", queue: d.queue, name: name, uid: callerUID(ctx), errno: errnoOf(err), err: err, info: true})
 		}
 	}
 	if d.fsys.memoryFull() {
@@ -177,11 +174,27 @@ var _ = (fs.NodeUnlinker)((*stateDir)(nil))
 
 // Unlink acks in processing/ and deletes elsewhere; a file still being
 // written (or a draft) is discarded.
+//
+// An unlink that returns 0 in inbox/ means the message will never be
+// delivered, and the unlink of a file just closed never fails with ENOENT,
+// whatever its size: an empty file is committed at RELEASE, which the
+// kernel sends after close(2) has returned, so its unlink can come before,
+// during or after that commit. Before, the file is discarded and the
+// commit finds nothing to do; during, the unlink waits for the commit
+// (it holds the node's mutex) and then deletes what it published; after,
+// the message is in the store like any other.
 func (d *stateDir) Unlink(ctx context.Context, name string) syscall.Errno {
 	if d.state == queuecore.StateReady {
-		if p := d.fsys.takePending(d.queue, name); p != nil {
-			p.discard()
-			return 0
+		if p := d.fsys.pendingFile(d.queue, name); p != nil {
+			m, settled := p.discardOrCommitted(ctx)
+			if settled {
+				return 0
+			}
+			if m.ID != 0 && (m.State == queuecore.StateDelayed || m.State == queuecore.StateDead) {
+				// Published with a delay, or kept in dlq/ by its
+				// validation: the file named inbox/NAME is that message.
+				return errnoOf(d.fsys.core.Delete(ctx, d.queue, m.State, m.Name))
+			}
 		}
 	}
 	var err error
@@ -217,8 +230,7 @@ func (d *stateDir) Rename(ctx context.Context, name string, newParent fs.InodeEm
 		return d.renameReady(ctx, name, newName)
 	}
 	if newName != name {
-		d.fsys.log.Warn("rename refused: a message keeps its name", logQueue, d.queue, logName, name, "new", newName)
-		return syscall.EPERM
+		return d.fsys.refuse(refusal{msg: "rename refused: a message keeps its name", queue: d.queue, name: name, uid: callerUID(ctx), errno: syscall.EPERM}, "new", newName)
 	}
 	leaser := ""
 	if to.state == queuecore.StateLeased {
@@ -226,8 +238,16 @@ func (d *stateDir) Rename(ctx context.Context, name string, newParent fs.InodeEm
 	}
 	m, err := d.fsys.core.Move(ctx, queuecore.MoveRequest{Queue: d.queue, From: d.state, Name: name, ToQueue: to.queue, To: to.state, Consumer: leaser})
 	if err != nil {
-		if errors.Is(err, queuecore.ErrNotAllowed) {
-			d.fsys.log.Warn("rename refused", logQueue, d.queue, "from", d.state.Dir(), "to", to.queue+"/"+to.state.Dir(), logName, name)
+		var ve *queuecore.ValidationError
+		switch {
+		case errors.Is(err, queuecore.ErrNotAllowed):
+			return d.fsys.refuse(refusal{msg: "rename refused", queue: d.queue, name: name, uid: callerUID(ctx), errno: errnoOf(err)},
+				"from", d.state.Dir(), "to", to.queue+"/"+to.state.Dir())
+		case errors.As(err, &ve):
+			// A redrive, a replay or a forward of a body that the queue's
+			// format or schema rejects now.
+			return d.fsys.refuse(refusal{msg: "rename refused: the message fails the queue's validation", queue: d.queue, name: name, uid: callerUID(ctx), errno: errnoOf(err), err: err},
+				"from", d.state.Dir(), "to", to.queue+"/"+to.state.Dir())
 		}
 		return errnoOf(err)
 	}
@@ -262,16 +282,14 @@ func (d *stateDir) Rename(ctx context.Context, name string, newParent fs.InodeEm
 // first wins: the rename is ENOENT and the message is delivered once.
 func (d *stateDir) renameReady(ctx context.Context, name, newName string) syscall.Errno {
 	if strings.HasPrefix(newName, ".") {
-		d.fsys.log.Warn("rename refused: a message cannot become a draft", logQueue, d.queue, logName, name, "new", newName)
-		return syscall.EPERM
+		return d.fsys.refuse(refusal{msg: "rename refused: a message cannot become a draft", queue: d.queue, name: name, uid: callerUID(ctx), errno: syscall.EPERM}, "new", newName)
 	}
 	if d.fsys.pendingFile(d.queue, newName) != nil {
 		return syscall.EEXIST // a file being written holds that name
 	}
 	m, err := d.fsys.core.Rename(ctx, d.queue, name, newName)
 	if err != nil {
-		d.fsys.log.Info("rename refused", logQueue, d.queue, logName, name, "new", newName, logErr, err)
-		return errnoOf(err)
+		return d.fsys.refuse(refusal{msg: "rename refused", queue: d.queue, name: name, uid: callerUID(ctx), errno: errnoOf(err), err: err, info: true}, "new", newName)
 	}
 	// The kernel moves its dentry and inode to newName once this returns;
 	// the node must answer for the message under its new name.
@@ -292,9 +310,8 @@ func (d *stateDir) renamePending(ctx context.Context, p *msgNode, name string, t
 		return syscall.ENOENT // not committed yet: not a message to lease or move
 	}
 	if strings.HasPrefix(newName, ".") {
-		d.fsys.log.Warn("rename refused: a file being written cannot become a draft",
-			logQueue, d.queue, logName, name, "to", to.queue+"/"+to.state.Dir()+"/"+newName)
-		return syscall.EPERM
+		return d.fsys.refuse(refusal{msg: "rename refused: a file being written cannot become a draft", queue: d.queue, name: name, uid: callerUID(ctx), errno: syscall.EPERM},
+			"to", to.queue+"/"+to.state.Dir()+"/"+newName)
 	}
 	if newName == name {
 		return 0
@@ -325,9 +342,8 @@ func (d *stateDir) renamePending(ctx context.Context, p *msgNode, name string, t
 // commitDraft publishes a draft .NAME renamed to NAME in the same inbox/.
 func (d *stateDir) commitDraft(ctx context.Context, name string, to *stateDir, newName string) syscall.Errno {
 	if to.queue != d.queue || to.state != queuecore.StateReady || strings.HasPrefix(newName, ".") {
-		d.fsys.log.Warn("rename refused: a draft is committed by renaming it to a name without the leading dot in the same inbox/",
-			logQueue, d.queue, logName, name, "to", to.queue+"/"+to.state.Dir()+"/"+newName)
-		return syscall.EPERM
+		return d.fsys.refuse(refusal{msg: "rename refused: a draft is committed by renaming it to a name without the leading dot in the same inbox/", queue: d.queue, name: name, uid: callerUID(ctx), errno: syscall.EPERM},
+			"to", to.queue+"/"+to.state.Dir()+"/"+newName)
 	}
 	p := d.fsys.pendingFile(d.queue, name)
 	if p == nil {
@@ -404,8 +420,7 @@ func (d *stateDir) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAt
 	uid, hasUID := in.GetUID()
 	gid, hasGID := in.GetGID()
 	if (hasUID && uid != info.UID) || (hasGID && gid != info.GID) {
-		d.fsys.log.Warn("chown refused: state directories follow their queue", logQueue, d.queue, "dir", d.state.Dir())
-		return syscall.EPERM
+		return d.fsys.refuse(refusal{msg: "chown refused: state directories follow their queue", queue: d.queue, uid: callerUID(ctx), errno: syscall.EPERM}, "dir", d.state.Dir())
 	}
 	return d.Getattr(ctx, fh, out)
 }

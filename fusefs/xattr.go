@@ -158,11 +158,11 @@ func (n *msgNode) Setxattr(ctx context.Context, attr string, data []byte, flags 
 		return syscall.ENOTSUP
 	}
 	if !settable[key] {
-		n.fsys.log.Warn("setxattr refused", logQueue, n.queue, "attr", attr)
+		errno := syscall.ENOTSUP
 		if knownXattr[key] {
-			return syscall.EPERM
+			errno = syscall.EPERM
 		}
-		return syscall.ENOTSUP
+		return n.fsys.refuse(refusal{msg: "setxattr refused", queue: n.queue, name: n.nameNow(), uid: callerUID(ctx), errno: errno}, "attr", attr)
 	}
 	value := strings.TrimSpace(string(data))
 	n.mu.Lock()
@@ -175,8 +175,7 @@ func (n *msgNode) Setxattr(ctx context.Context, attr string, data []byte, flags 
 		case "delay_sec":
 			s, err := strconv.ParseFloat(value, 64)
 			if err != nil || s < 0 || s > 7*24*3600 {
-				n.fsys.log.Warn("setxattr refused: delay_sec must be 0 to 604800 seconds", logQueue, n.queue, "value", value)
-				return syscall.EINVAL
+				return n.fsys.refuse(refusal{msg: "setxattr refused: delay_sec must be 0 to 604800 seconds", queue: n.queue, name: n.name, uid: callerUID(ctx), errno: syscall.EINVAL}, "value", value)
 			}
 			p.delay = time.Duration(s * float64(time.Second))
 			return 0

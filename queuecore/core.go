@@ -403,7 +403,9 @@ func (c *Core) Policy(name string) (Policy, error) {
 }
 
 // SetPolicy replaces a queue's policy with the document data. An invalid
-// document is an *InputError and leaves the old policy in place.
+// document is an *InputError and leaves the old policy in place; it is not
+// logged here (the filesystem layer logs it with its writer and records it
+// with NotePolicyRefusal).
 func (c *Core) SetPolicy(ctx context.Context, name string, data []byte) error {
 	p, err := ParsePolicy(data)
 	for _, f := range p.Fanout {
@@ -425,17 +427,20 @@ func (c *Core) SetPolicy(ctx context.Context, name string, data []byte) error {
 		}
 	}
 	if err != nil {
-		c.log.Warn("policy rejected", logQueue, name, logErr, err)
-		return err
+		return err // the caller logs it, naming who wrote it
 	}
 	q, err := c.queue(name)
 	if err != nil {
 		return err
 	}
-	return c.updateQueue(ctx, q, func(_ *QueueInfo, old *Policy) error {
+	if err := c.updateQueue(ctx, q, func(_ *QueueInfo, old *Policy) error {
 		*old = p
 		return nil
-	})
+	}); err != nil {
+		return err
+	}
+	q.policyAccepted()
+	return nil
 }
 
 // SetPaused pauses or resumes leasing on a queue (publishing goes on).
@@ -521,6 +526,7 @@ type queue struct {
 
 	counters counters
 	rates    rates
+	refused  refusals // the last refusals (refusals.go)
 
 	// With a shared store, for storeGauges.refresh: how many of this core's
 	// batches that change the gauges are being committed, how many have

@@ -26,9 +26,14 @@ func (c *Core) DeadLetter(ctx context.Context, queueName, name string, from Stat
 }
 
 // Redrive sends a dead letter back to inbox/: attempts reset, redrive count
-// and first publish time kept.
+// and first publish time kept. A body that the queue's format or schema, as
+// they are now, reject is not redriven (a *ValidationError; the message
+// stays in dlq/): a consumer is never handed what its queue refuses.
 func (c *Core) Redrive(ctx context.Context, queueName, name string) (Message, error) {
 	return c.single(ctx, queueName, name, StateDead, false, func(q *queue, m Message, p *Policy, now time.Time, b *batch) error {
+		if err := c.validateAgain(ctx, q, m, p, now, "redrive"); err != nil {
+			return err
+		}
 		old := m
 		m.State, m.Seq, m.Attempts, m.StateAt, m.PublishedAt = StateReady, c.newSeq(), 0, now, now
 		m.Redrives++
@@ -152,4 +157,24 @@ func (c *Core) Forward(ctx context.Context, queueName, name, toQueue string) (Me
 		return Message{}, fmt.Errorf("forward %s/%s to %q: %w", queueName, name, toQueue, err)
 	}
 	return fm, nil
+}
+
+// validateAgain checks a stored message's body against the queue's
+// format and schema as they are now, before what (a redrive) hands it to
+// consumers again: it may have been dead-lettered for failing them, or
+// published before they were set. A replay and a forward publish the body
+// anew and so are checked by publish and Forward.
+func (c *Core) validateAgain(ctx context.Context, q *queue, m Message, p *Policy, now time.Time, what string) error {
+	if p.Format == "raw" && p.schema == nil {
+		return nil
+	}
+	body, err := c.store.Body(ctx, m.ID)
+	if err != nil {
+		return fmt.Errorf("%s %s/%s: %w", what, q.name, m.Name, err)
+	}
+	if _, verr := p.checkBody(q.name, body, now); verr != nil {
+		// Not logged here: the caller logs it, naming who asked.
+		return &ValidationError{Queue: q.name, Name: m.Name, Reason: verr.Error()}
+	}
+	return nil
 }

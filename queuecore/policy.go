@@ -116,7 +116,14 @@ func parsePolicy(data []byte, compile bool) (Policy, error) {
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&p); err != nil {
+	// "lastRefused" is what .policy shows of a refused document
+	// (refusals.go): a document read, edited and written back carries it,
+	// and it is ignored.
+	doc := struct {
+		*Policy
+		LastRefused json.RawMessage `json:"lastRefused"`
+	}{Policy: &p}
+	if err := dec.Decode(&doc); err != nil {
 		return DefaultPolicy(), &InputError{Field: "policy", Msg: describeJSONError(err)}
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
@@ -137,6 +144,9 @@ func parsePolicy(data []byte, compile bool) (Policy, error) {
 func describeJSONError(err error) string {
 	var te *json.UnmarshalTypeError
 	if errors.As(err, &te) {
+		// The document is decoded through a struct that embeds Policy
+		// (parsePolicy): its fields are the document's, without the prefix.
+		te.Field = strings.TrimPrefix(te.Field, "Policy.")
 		// A number that does not fit the field's type (on a 32-bit
 		// machine, an int field past 2^31-1): say so, not "must be a
 		// number, not a number".

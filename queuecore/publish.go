@@ -123,7 +123,7 @@ func (c *Core) publish(ctx context.Context, q *queue, name string, body []byte, 
 		return PublishResult{}, fmt.Errorf("publish %s/%s: %w", q.name, name, err)
 	}
 	if verr != nil {
-		c.log.Warn("message failed validation, kept in dlq", logQueue, q.name, logName, name, logReason, vmsg)
+		c.log.Warn("message failed validation, kept in dlq", logQueue, q.name, logName, name, logReason, vmsg, logUID, o.UID)
 		return PublishResult{Message: m}, &ValidationError{Queue: q.name, Name: name, Reason: vmsg, Kept: true}
 	}
 	return PublishResult{Message: m}, nil

@@ -2,6 +2,7 @@ package queuecore
 
 import (
 	"context"
+	"os"
 	"sync/atomic"
 	"time"
 )
@@ -77,6 +78,15 @@ type QueueStats struct {
 
 	Paused bool  `json:"paused"`
 	Rates  Rates `json:"rates_1m"`
+
+	// RefusedTotal counts the operations on the queue refused since the
+	// daemon started, and LastRefusals are the last of them, the newest
+	// first (refusals.go). MOUNT/.stats, which every user of the mount
+	// may read, leaves them out (nil): they name messages and users, and
+	// QUEUE/.stats is reached only through the queue's directory, with
+	// its permissions.
+	RefusedTotal int64     `json:"refused_total"`
+	LastRefusals []Refusal `json:"last_refusals,omitzero"`
 }
 
 // Rates are events per second averaged over the last minute.
@@ -92,6 +102,8 @@ type DaemonStats struct {
 	Backend   string  `json:"backend"`
 	Store     string  `json:"store"`
 	UptimeSec float64 `json:"uptime_sec"`
+	// Pid is the daemon's process: `yirangmq umount` waits for it to exit.
+	Pid int `json:"pid"`
 	// Duty is set with a store several daemons share: whether this daemon
 	// now does the timed work (expiry, backoff, retention) for all of them.
 	Duty *bool `json:"duty,omitempty"`
@@ -152,6 +164,7 @@ func (c *Core) Stats(ctx context.Context, queueName string) (QueueStats, error) 
 	s.NackedTotal, s.ExpiredTotal, s.DeadLetteredTotal = k.nacked.Load(), k.expired.Load(), k.deadLettered.Load()
 	s.RedrivenTotal, s.RejectedTotal, s.DeduplicatedTotal = k.redriven.Load(), k.rejected.Load(), k.deduplicated.Load()
 	s.Rates.PublishedPerSec, s.Rates.LeasedPerSec, s.Rates.AckedPerSec = q.rates.perSec(now)
+	s.RefusedTotal, s.LastRefusals = q.refused.total, q.refused.newestFirst()
 	return s, nil
 }
 
@@ -159,7 +172,7 @@ func (c *Core) Stats(ctx context.Context, queueName string) (QueueStats, error) 
 func (c *Core) DaemonStats(ctx context.Context) (DaemonStats, error) {
 	d := DaemonStats{
 		Version: c.opts.Version, Backend: c.opts.Backend, Store: c.opts.StorePath,
-		UptimeSec: c.now().Sub(c.started).Seconds(), Duty: c.leaser.reportDuty(), Queues: []QueueStats{},
+		UptimeSec: c.now().Sub(c.started).Seconds(), Pid: os.Getpid(), Duty: c.leaser.reportDuty(), Queues: []QueueStats{},
 	}
 	if c.space != nil {
 		d.Disk = c.space.stats()
@@ -169,6 +182,7 @@ func (c *Core) DaemonStats(ctx context.Context) (DaemonStats, error) {
 		if err != nil {
 			continue // deleted meanwhile
 		}
+		s.LastRefusals = nil // see QueueStats
 		d.Queues = append(d.Queues, s)
 	}
 	return d, nil

@@ -39,10 +39,21 @@ func runConsume(ctx context.Context, env *cliEnv, args []string) error {
 	fl.StringVarP(&queue, "queue", "q", "", "the queue to consume")
 	fl.IntVarP(&c.workers, "concurrency", "c", 1, "messages handled at once")
 	fl.Int64Var(&c.max, "max-messages", 0, "exit after this many messages (0: no limit)")
-	fl.BoolVar(&c.drain, "drain", false, "exit once no message is ready and no handler runs (messages waiting out a backoff in delayed/ are left)")
+	fl.BoolVar(&c.drain, "drain", false, "exit once the queue is worked off: nothing ready, in flight (other consumers' leases too) or delayed, as yirangmq drain waits for (failed messages are retried after their backoff until they succeed or are dead-lettered)")
 	fl.BoolVarP(&c.verbose, "verbose", "v", false, "say what happens to every message on stderr")
 	if ok, err := parseFlags(env, fl, args); !ok {
 		return err
+	}
+	// The command comes after --, always: without it, a word meant as an
+	// option of the command (or a typo of ours) would be taken for the
+	// command, or for an option of consume.
+	switch at := fl.ArgsLenAtDash(); {
+	case at < 0 && fl.NArg() > 0:
+		fmt.Fprintf(env.stderr, "yirangmq consume: put -- before the command: yirangmq consume --queue Q -- %s\n", strings.Join(fl.Args(), " "))
+		return errUsage
+	case at > 0:
+		fmt.Fprintf(env.stderr, "yirangmq consume: unexpected argument %q before -- (the command goes after it)\n", fl.Arg(0))
+		return errUsage
 	}
 	c.argv = fl.Args()
 	if len(c.argv) == 0 {
@@ -240,8 +251,10 @@ func (c *consumer) work() error {
 }
 
 // waitForWork is --drain's wait after an EAGAIN: it reports true when the
-// consumer is done (every live worker idle at once, or stopping), false
-// when a handler finished meanwhile and may have made work.
+// consumer is done (stopping, or every live worker idle at once while the
+// queue has nothing ready, in flight or delayed), false when it may have
+// work: a handler finished meanwhile, or the queue still holds messages
+// that will be ready (a backoff, a delay, another consumer's lease).
 func (c *consumer) waitForWork() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -249,18 +262,45 @@ func (c *consumer) waitForWork() bool {
 	gen := c.finished
 	for {
 		switch {
-		case c.drained || c.idle >= c.alive:
-			c.drained = true
-			c.cond.Broadcast()
+		case c.drained:
 			return true
 		case c.stopping():
 			return true
 		case c.finished != gen:
 			c.idle--
 			return false
+		case c.idle >= c.alive:
+			// The last worker to find nothing looks at what the queue
+			// still holds, as `yirangmq drain` does.
+			c.mu.Unlock()
+			left, err := c.left()
+			c.mu.Lock()
+			if err == nil && left == 0 {
+				c.drained = true
+				c.cond.Broadcast()
+				return true
+			}
+			c.idle--
+			c.mu.Unlock()
+			select { // then tries .next again
+			case <-c.stop:
+			case <-time.After(drainPoll):
+			}
+			c.mu.Lock()
+			return false
 		}
 		c.cond.Wait()
 	}
+}
+
+// left is how many messages the queue holds ready, in flight or delayed:
+// what `yirangmq drain` waits to see at 0.
+func (c *consumer) left() (int64, error) {
+	s, err := c.q.readStats()
+	if err != nil {
+		return 0, err
+	}
+	return s.Ready + s.Inflight + s.Delayed, nil
 }
 
 // handle runs the handler for one leased message and acks or nacks it.
@@ -410,7 +450,7 @@ func (c *consumer) nack(name, reason, msg string) {
 	switch {
 	case err == nil:
 		if reason != "" {
-			fmt.Fprintf(c.stderr, "yirangmq consume: %s: nacked: %s\n", name, msg)
+			fmt.Fprintf(c.stderr, "yirangmq consume: %s: %s: %s\n", name, c.whereNacked(name), msg)
 		} else if c.verbose {
 			fmt.Fprintf(c.stderr, "yirangmq consume: %s: returned unhandled (stopping)\n", name)
 		}
@@ -419,6 +459,27 @@ func (c *consumer) nack(name, reason, msg string) {
 	default:
 		fmt.Fprintf(c.stderr, "yirangmq consume: %s: nack failed: %v\n", name, err)
 	}
+}
+
+// whereNacked says what a nack made of a message: the queue retries it
+// after its backoff (in delayed/), or, its retries spent, dead-letters it
+// (in dlq/) or drops it (a queue that keeps no dead letters). Names are
+// unique among the live messages of a queue, so dlq/NAME is this one.
+// Each place is asked with a getxattr, which the daemon answers for the
+// message there now (a stat could be answered from a name the kernel
+// kept from an earlier attempt).
+func (c *consumer) whereNacked(name string) string {
+	there := func(dir string) bool {
+		id, err := getXattr(c.q.path(dir, name), "id")
+		return err == nil && id != ""
+	}
+	switch {
+	case there("dlq"):
+		return "dead-lettered (its retries are spent; see dlq/)"
+	case there("delayed"), there("inbox"), there("processing"):
+		return "nacked (retried after its backoff)"
+	}
+	return "dropped (its retries are spent and the queue keeps no dead letters)"
 }
 
 // readNext reads QUEUE/.next once and returns the name of the message it

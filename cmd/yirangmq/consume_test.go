@@ -99,7 +99,7 @@ func TestConsumeFailRetries(t *testing.T) {
 	d := startMount(t)
 	mkqueue(t, d, "jobs", `{"retry": {"limit": 3, "backoff": "fixed", "initialDelaySec": 60, "maxDelaySec": 60}}`)
 	name := publishN(t, d, "jobs", "payload")[0]
-	r := cli(t, "", "consume", "--mount", d.Mountpoint, "--queue", "jobs", "--drain", "--", "sh", "-c", "exit 42")
+	r := cli(t, "", "consume", "--mount", d.Mountpoint, "--queue", "jobs", "--max-messages", "1", "--", "sh", "-c", "exit 42")
 	if r.code != 0 {
 		t.Fatalf("consume: exit %d, %q", r.code, r.stderr)
 	}
@@ -401,5 +401,50 @@ func (c *child) stop(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatalf("%s did not exit after SIGTERM:\n%s", c.cmd.Args[1], c.out.String())
+	}
+}
+
+// consume --drain waits for what `yirangmq drain` waits for: a message
+// that fails is retried after its backoff until it is dead-lettered, and
+// the final failure says so (issue 40: --drain returned 0 with the
+// message waiting in delayed/, and the last failure read "nacked").
+func TestConsumeDrainMeansWhatDrainMeans(t *testing.T) {
+	d := startMount(t)
+	mkqueue(t, d, "jobs", `{"retry": {"limit": 2, "backoff": "fixed", "initialDelaySec": 0.3, "maxDelaySec": 0.3}}`)
+	name := publishN(t, d, "jobs", "payload")[0]
+	r := cli(t, "", "consume", "--mount", d.Mountpoint, "--queue", "jobs", "--drain", "--", "sh", "-c", "echo no >&2; exit 3")
+	if r.code != 0 {
+		t.Fatalf("consume --drain: exit %d, %q", r.code, r.stderr)
+	}
+	if s := queueStats(t, d, "jobs"); s.Ready+s.Inflight+s.Delayed != 0 || s.DLQ != 1 {
+		t.Errorf("after consume --drain: ready %d, in flight %d, delayed %d, dlq %d; want only the dead letter", s.Ready, s.Inflight, s.Delayed, s.DLQ)
+	}
+	lines := strings.Split(strings.TrimSpace(r.stderr), "\n")
+	var got []string
+	for _, l := range lines {
+		if strings.HasPrefix(l, "yirangmq consume: "+name+": ") {
+			got = append(got, l)
+		}
+	}
+	if len(got) != 3 || !strings.Contains(got[0], ": nacked (retried after its backoff): exit status 3: no") ||
+		!strings.Contains(got[1], ": nacked") || !strings.Contains(got[2], ": dead-lettered (its retries are spent; see dlq/): exit status 3: no") {
+		t.Errorf("consume said:\n%s\nwant two nacks, then the dead-lettering", strings.Join(got, "\n"))
+	}
+	// yirangmq drain agrees at once.
+	if r := cli(t, "", "drain", "--mount", d.Mountpoint, "--queue", "jobs", "--timeout", "5s"); r.code != 0 {
+		t.Errorf("drain after consume --drain: exit %d, %q", r.code, r.stderr)
+	}
+}
+
+// The command comes after --: a word before it is refused, not run.
+func TestConsumeNeedsTheDashes(t *testing.T) {
+	for _, args := range [][]string{
+		{"consume", "--queue", "jobs", "/bin/true"},
+		{"consume", "--queue", "jobs", "/bin/true", "--", "x"},
+	} {
+		r := cli(t, "", args...)
+		if r.code != 2 || !strings.Contains(r.stderr, "--") || r.stdout != "" {
+			t.Errorf("%q: exit %d, stderr %q; want 2 and a line about --", args, r.code, r.stderr)
+		}
 	}
 }

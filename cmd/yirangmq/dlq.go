@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -72,7 +73,12 @@ func runDlq(ctx context.Context, env *cliEnv, args []string) error {
 		return nil
 	case "requeue":
 		return eachDead(ctx, env, q, letters, "requeued", func(name string) error {
-			return os.Rename(q.path("dlq", name), q.path("inbox", name))
+			err := os.Rename(q.path("dlq", name), q.path("inbox", name))
+			if errors.Is(err, syscall.EINVAL) {
+				// A redrive is validated again (docs/contract.md §2).
+				return fmt.Errorf("%s stays in dlq/: it fails the queue's format or schema as they are now (yirangmq status says why): %w", name, err)
+			}
+			return err
 		})
 	default:
 		return eachDead(ctx, env, q, letters, "purged", func(name string) error {

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -77,7 +78,17 @@ func TestDlqRequeue(t *testing.T) {
 	}
 	check("inbox", "good")
 	check("dlq", "bad1", "bad2")
-	// Without a filter, every dead letter goes back.
+	// Without a filter, every dead letter would go back, but those that
+	// fail the queue's format stay: a redrive is validated again.
+	r := cli(t, "", "dlq", "requeue", "--mount", mount, "--queue", "jobs")
+	if r.code != 1 || !strings.HasPrefix(r.stdout, "requeued 0 of 2 ") || !strings.Contains(r.stderr, "fails the queue's format or schema") {
+		t.Errorf("requeue of messages the format rejects: exit %d, %q, %q", r.code, r.stdout, r.stderr)
+	}
+	check("dlq", "bad1", "bad2")
+	// With a format that takes them, they go.
+	if err := os.WriteFile(filepath.Join(mount, "jobs", ".policy"), []byte(`{"format": "raw"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	out = mustCLI(t, "", "dlq", "requeue", "--mount", mount, "--queue", "jobs")
 	if !strings.HasPrefix(out, "requeued 2 of 2 ") {
 		t.Errorf("requeue all said %q", out)

@@ -37,12 +37,20 @@ const (
 	logMountpoint = "mountpoint"
 )
 
-// throttleHandler rate-limits repeated failures: lines that carry an
-// error of a class that repeats for as long as its cause lasts (a full
-// disk, a failing device, a full queue), by kind: level, message and
-// class. Every other line passes: bad input gets its one line each, and
-// the daemon's own lines are few (queuecore limits its free-space lines
-// itself). Debug lines (--debug's request log) are never held back.
+// throttleHandler rate-limits two kinds of lines:
+//
+//   - repeated failures: lines that carry an error of a class that repeats
+//     for as long as its cause lasts (a full disk, a failing device, a
+//     full queue), by kind: level, message and class;
+//   - refusals of a user's operations: lines that name the caller's uid
+//     (bad input: a name, a policy, a move not in the table), by kind and
+//     per uid, so that one user's flood (a stress test opened 14,300 bad
+//     files in 3 s, a line each) neither fills the log nor hides another
+//     user's refusals.
+//
+// Every other line passes; the daemon's own lines are few (queuecore
+// limits its free-space lines itself). Debug lines (--debug's request
+// log) are never held back.
 type throttleHandler struct {
 	next  slog.Handler
 	now   func() time.Time
@@ -70,11 +78,11 @@ func (h *throttleHandler) Enabled(ctx context.Context, l slog.Level) bool {
 }
 
 func (h *throttleHandler) Handle(ctx context.Context, r slog.Record) error {
-	class := stormClass(r)
-	if r.Level < slog.LevelInfo || class == "" {
+	class, uid := throttleKey(r)
+	if r.Level < slog.LevelInfo || class == "" && uid == "" {
 		return h.next.Handle(ctx, r)
 	}
-	key := r.Level.String() + "\x00" + r.Message + "\x00" + class
+	key := r.Level.String() + "\x00" + r.Message + "\x00" + class + "\x00" + uid
 	now := h.now()
 	s := h.state
 	s.mu.Lock()
@@ -117,23 +125,31 @@ func (h *throttleHandler) Handle(ctx context.Context, r slog.Record) error {
 // cause lasts.
 var stormErrors = []error{syscall.ENOSPC, syscall.EDQUOT, syscall.EIO, syscall.EROFS, queuecore.ErrDiskLow, queuecore.ErrQueueFull}
 
-// stormClass names the storm error a line carries, or "".
-func stormClass(r slog.Record) string {
-	class := ""
+// logUID is the key under which a line names the user whose operation it
+// is about (as fusefs and queuecore name it).
+const logUID = "uid"
+
+// throttleKey names the storm error a line carries, or "", and the uid it
+// names, or "".
+func throttleKey(r slog.Record) (class, uid string) {
 	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == logUID {
+			uid = a.Value.String()
+			return true
+		}
 		err, ok := a.Value.Any().(error)
-		if !ok {
+		if !ok || class != "" {
 			return true
 		}
 		for _, s := range stormErrors {
 			if errors.Is(err, s) {
 				class = s.Error()
-				return false
+				break
 			}
 		}
 		return true
 	})
-	return class
+	return class, uid
 }
 
 func (h *throttleHandler) WithAttrs(as []slog.Attr) slog.Handler {

@@ -54,13 +54,34 @@ func TestThrottleHandler(t *testing.T) {
 	if n := strings.Count(out.String(), "\n"); n != throttleBurst {
 		t.Errorf("after a quiet interval: %d lines, want a burst of %d", n, throttleBurst)
 	}
-	// Lines without a storm error (bad input, each its own) pass.
+	// Lines with neither a storm error nor a uid (the daemon's own) pass.
 	out.Reset()
 	for i := 0; i < 20; i++ {
-		log.Info("policy rejected", "err", errors.New("invalid retry.limit"))
+		log.Info("queue created", "err", errors.New("not a storm"))
 	}
 	if n := strings.Count(out.String(), "\n"); n != 20 {
-		t.Errorf("lines without a storm error: %d of 20 written", n)
+		t.Errorf("lines without a storm error or a uid: %d of 20 written", n)
+	}
+	// Refusals of a user's bad input (a line naming a uid) are held back
+	// by kind and per uid: one user's flood does not hide another's.
+	out.Reset()
+	for i := 0; i < 1000; i++ {
+		log.Warn("create refused", "name", i, logUID, 1000, "err", errors.New("invalid name"))
+	}
+	log.Warn("create refused", "name", "x", logUID, 1001, "err", errors.New("invalid name"))
+	log.Warn("rename refused", "name", "x", logUID, 1000)
+	got = out.String()
+	if n := strings.Count(got, "\n"); n != throttleBurst+2 {
+		t.Errorf("1000 refusals of uid 1000, one of uid 1001, one of another kind: %d lines, want %d:\n%s", n, throttleBurst+2, got)
+	}
+	if !strings.Contains(got, "uid=1001") || !strings.Contains(got, `msg="rename refused"`) {
+		t.Errorf("the refusals of another uid or kind were held back:\n%s", got)
+	}
+	out.Reset()
+	now = now.Add(throttleEvery)
+	log.Warn("create refused", "name", "y", logUID, 1000, "err", errors.New("invalid name"))
+	if got := out.String(); !strings.Contains(got, keySuppressed+"=995") {
+		t.Errorf("next interval: %q, want one line saying 995 were left out", got)
 	}
 	// Debug lines (the request log of --debug) are not throttled.
 	out.Reset()

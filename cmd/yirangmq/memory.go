@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -43,6 +44,30 @@ func parseMemoryBudget(s string) (budget, limit int64, err error) {
 		return 0, 0, fmt.Errorf("--memory-budget %q: less than 16 MiB leaves the daemon no room to work", s)
 	}
 	return budget, 0, nil
+}
+
+// isAutoBudget reports whether --memory-budget follows the cgroup's limit.
+func isAutoBudget(s string) bool {
+	s = strings.ToLower(strings.TrimSpace(s))
+	return s == "auto" || s == ""
+}
+
+// autoMemoryBudget is the budget of --memory-budget auto now: three
+// quarters of the memory limit of the daemon's cgroup, 0 without one. It
+// reads /proc/self/cgroup each time: a daemon moved to another cgroup
+// follows the limit of the new one.
+func autoMemoryBudget() int64 {
+	return cgroupMemoryLimit("/proc/self/cgroup", "/sys/fs/cgroup") / 4 * 3
+}
+
+// heapLimit is the Go heap's soft limit under a memory budget: the heap is
+// collected harder before the daemon nears the budget (the rest of it is
+// SQLite's caches and the stacks). No budget, no limit.
+func heapLimit(budget int64) int64 {
+	if budget <= 0 {
+		return math.MaxInt64
+	}
+	return budget / 4 * 3
 }
 
 // cgroupMemoryLimit returns the smallest memory limit on the way from the

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -45,11 +46,22 @@ type mountFlags struct {
 	draftMiB, draftMiBPerUID                            int64
 }
 
+// runMount is `yirangmq mount`. A mount started by --daemon (or by the
+// test harness) that fails says why on its ready pipe: its parent prints
+// that, since the child's stderr goes nowhere.
 func runMount(ctx context.Context, env *cliEnv, args []string) error {
+	err := mount(ctx, env, args)
+	if err != nil && !errors.Is(err, errUsage) {
+		signalFailed(err)
+	}
+	return err
+}
+
+func mount(ctx context.Context, env *cliEnv, args []string) (err error) {
 	fl := pflag.NewFlagSet("mount", pflag.ContinueOnError)
 	fl.Usage = func() {
 		fmt.Fprintln(fl.Output(), "Usage: yirangmq mount [OPTIONS] MOUNTPOINT\n\nMounts a store as a filesystem of queues; stays in the foreground until\nSIGTERM or SIGINT, which unmount cleanly (or returns once ready with --daemon).\n\nOptions:")
-		fl.PrintDefaults()
+		printOptions(fl)
 	}
 	var f mountFlags
 	fl.StringVar(&f.backend, "backend", "sqlite", "store backend: sqlite, fs or postgres")
@@ -171,6 +183,16 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 		}
 		return startDaemon(ctx, env, args, f.logFile)
 	}
+	// A mount that fails leaves nothing in the store (the log file of
+	// --daemon, which lives there, included: its error reached the parent
+	// through the ready pipe).
+	trace := traceStore(f.backend, f.store, f.logFile)
+	opened := false
+	defer func() {
+		if err != nil {
+			trace.undo(opened)
+		}
+	}()
 	logOut := env.stderr
 	if f.logFile != "" {
 		if err := os.MkdirAll(filepath.Dir(f.logFile), 0o700); err != nil {
@@ -198,6 +220,11 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	if err != nil {
 		return err
 	}
+	// Before the store is opened: a mount that cannot happen must not
+	// make the store (or its space reserve) first.
+	if err := checkMountpoint(mountpoint); err != nil {
+		return err
+	}
 	store, err := openStore(ctx, f.backend, f.store, sync, "mount "+mountpoint, log)
 	for wait := 0; aborted && errors.Is(err, queuecore.ErrLocked) && wait < 50; wait++ {
 		time.Sleep(100 * time.Millisecond) // the aborted daemon is still exiting
@@ -206,6 +233,7 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	if err != nil {
 		return err
 	}
+	opened = true
 	defer store.Close()
 	opts := fusefs.DefaultOptions()
 	opts.AllowOther, opts.Debug, opts.Logger = allowOther, f.debug, log
@@ -217,16 +245,20 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	opts.FsName = shown
 	opts.MaxMessageInodes, opts.MemoryBudget = f.maxMessageInodes, budget
 	if budget > 0 {
-		// The Go heap is collected harder before the daemon nears the
-		// budget; the rest of it is SQLite's caches and the stacks.
-		debug.SetMemoryLimit(budget / 4 * 3)
+		debug.SetMemoryLimit(heapLimit(budget))
 		log.Info("memory budget", "budget_mib", budget>>20, "cgroup_limit_mib", cgLimit>>20)
 	}
 	var release func()
 	if sh, ok := store.(queuecore.CacheShedder); ok {
 		release = sh.ShedCaches
 	}
-	startQuietGC(log, release)
+	gc := startQuietGC(log, release)
+	if isAutoBudget(f.memoryBudget) {
+		// The limit changes while the daemon runs (systemctl
+		// set-property MemoryMax=, a move to another cgroup): follow it.
+		opts.FollowBudget = autoMemoryBudget
+		opts.BudgetChanged = func(b int64) { gc.setMemoryLimit(heapLimit(b)) }
+	}
 	fsys := fusefs.New(opts)
 	spaceDir := f.store
 	if f.backend == "postgres" {
@@ -245,6 +277,10 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 		return err
 	}
 	defer fsys.Stop()
+	conn := ""
+	if info, ok, _ := fusefs.LookupMount(mountpoint); ok {
+		conn = info.Conn // for stop, below
+	}
 	log.Info("mounted", logMountpoint, mountpoint, "backend", f.backend, "store", shown, "sync", f.sync, "allow_other", allowOther, "min_free", f.minFree, "pid", os.Getpid())
 	signalReady()
 	// systemd (Type=notify): ready only once the mount serves.
@@ -265,12 +301,40 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 			log.Warn("unmount failed, detaching lazily", logMountpoint, mountpoint, logErr, err)
 			_ = unix.Unmount(mountpoint, unix.MNT_DETACH)
 		}
-		<-served
+		stopServing(served, conn, mountpoint, log)
 	case <-served:
 		log.Info("unmounted by umount", "mountpoint", mountpoint)
 	}
 	log.Info("stopped", "mountpoint", mountpoint)
 	return nil
+}
+
+// stopGrace is how long a daemon asked to stop waits for the kernel to
+// let go of its mount after unmounting it, before it looks why not.
+const stopGrace = 5 * time.Second
+
+// stopServing waits, once the daemon has unmounted its mount, for the
+// kernel to let go of the connection (served closes). A mount detached
+// lazily while busy is let go when its last user leaves: that is waited
+// for. One that another mount namespace holds (a container, unshare -m,
+// a service with PrivateTmp= started while it was mounted) is never let
+// go while that namespace lives: asked to stop, the daemon stops, by
+// aborting the connection, and that copy then fails with ENOTCONN.
+func stopServing(served <-chan struct{}, conn, mountpoint string, log *slog.Logger) {
+	for {
+		select {
+		case <-served:
+			return
+		case <-time.After(stopGrace):
+		}
+		if holders := mountHolders(conn); len(holders) > 0 {
+			log.Warn("the mount is still held in another mount namespace: aborting its connection to stop",
+				logMountpoint, mountpoint, "fuse_connection", conn, "holder_pid", holders[0].pid, "holder_comm", holders[0].comm,
+				logErr, fusefs.AbortConnection(conn))
+			<-served
+			return
+		}
+	}
 }
 
 // startProfiles starts a CPU profile to path; stop ends it and writes the
@@ -294,27 +358,96 @@ func startProfiles(path string) (stop func(), err error) {
 	}, nil
 }
 
+// The ready pipe: a mounting daemon started with readyFDEnv writes
+// "ready\n" on it once the mount serves, or "error: WHY\n" if the mount
+// fails, then closes it.
+const readyFailed = "error: "
+
 // signalReady tells whoever started us (--daemon's parent, the test
 // harness) that the mount serves.
-func signalReady() {
+func signalReady() { tellStarter("ready\n") }
+
+// signalFailed tells whoever started us why the mount failed.
+func signalFailed(err error) {
+	tellStarter(readyFailed + strings.Join(strings.Fields(err.Error()), " ") + "\n")
+}
+
+func tellStarter(line string) {
 	fdStr := os.Getenv(readyFDEnv)
 	if fdStr == "" {
 		return
 	}
+	os.Unsetenv(readyFDEnv)
 	fd, err := strconv.Atoi(fdStr)
 	if err != nil {
 		return
 	}
 	f := os.NewFile(uintptr(fd), "ready")
-	f.Write([]byte("ready\n"))
+	f.Write([]byte(line))
 	f.Close()
-	os.Unsetenv(readyFDEnv)
+}
+
+// checkMountpoint makes sure there is a directory to mount on.
+func checkMountpoint(mountpoint string) error {
+	fi, err := os.Stat(mountpoint)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("mountpoint %s does not exist (mkdir it first)", mountpoint)
+	case err != nil:
+		return fmt.Errorf("mountpoint %s: %w", mountpoint, err)
+	case !fi.IsDir():
+		return fmt.Errorf("mountpoint %s is not a directory", mountpoint)
+	}
+	return nil
+}
+
+// storeTrace is what a store directory held before a mount, so that a
+// mount that fails can take away what it made: the whole directory when
+// it made it, else the space reserve and an empty log file when it made
+// those.
+type storeTrace struct {
+	dir        string // "" for a store that is no directory (postgres)
+	newDir     bool
+	hadReserve bool
+	logFile    string // "" when it existed before (or the log is stderr)
+}
+
+func traceStore(backend, dir, logFile string) storeTrace {
+	var s storeTrace
+	if logFile != "" {
+		if _, err := os.Lstat(logFile); errors.Is(err, os.ErrNotExist) {
+			s.logFile = logFile
+		}
+	}
+	if backend == "postgres" || dir == "" {
+		return s
+	}
+	_, err := os.Lstat(dir)
+	_, rerr := os.Lstat(filepath.Join(dir, queuecore.ReserveName))
+	s.dir, s.newDir, s.hadReserve = dir, errors.Is(err, os.ErrNotExist), rerr == nil
+	return s
+}
+
+// undo removes what a failed mount made; opened says whether it had
+// opened the store (and so held it: a store that another daemon holds is
+// left alone). A log file that got lines stays: they may say more.
+func (s storeTrace) undo(opened bool) {
+	if s.newDir {
+		os.RemoveAll(s.dir)
+		return
+	}
+	if s.dir != "" && opened && !s.hadReserve {
+		os.Remove(filepath.Join(s.dir, queuecore.ReserveName))
+	}
+	if fi, err := os.Stat(s.logFile); s.logFile != "" && err == nil && fi.Size() == 0 {
+		os.Remove(s.logFile)
+	}
 }
 
 // startDaemon runs the same mount in a background child that logs to
-// logFile, and returns once it says ready, or with the end of its log if it
-// stops first. The child holds none of our descriptors, so a pipeline
-// around `yirangmq mount --daemon` ends when this command does.
+// logFile, and returns once it says ready, or with the error it says on
+// the ready pipe if it fails. The child holds none of our descriptors, so
+// a pipeline around `yirangmq mount --daemon` ends when this command does.
 func startDaemon(ctx context.Context, env *cliEnv, args []string, logFile string) error {
 	var childArgs []string
 	for _, a := range args {
@@ -327,6 +460,7 @@ func startDaemon(ctx context.Context, env *cliEnv, args []string, logFile string
 	if err != nil {
 		return err
 	}
+	logStart := logSize(logFile)
 	r, w, err := os.Pipe()
 	if err != nil {
 		return err
@@ -342,35 +476,56 @@ func startDaemon(ctx context.Context, env *cliEnv, args []string, logFile string
 		return err
 	}
 	w.Close()
-	got := make(chan bool, 1)
+	got := make(chan string, 1)
 	go func() {
-		buf := make([]byte, 6)
-		n, _ := r.Read(buf)
-		got <- n > 0
+		line, _ := bufio.NewReader(r).ReadString('\n')
+		got <- line
 	}()
 	select {
-	case ok := <-got:
-		if !ok {
-			cmd.Wait()
-			return fmt.Errorf("the daemon stopped before the mount was ready; the end of %s:\n%s", logFile, logTail(logFile, 10))
+	case line := <-got:
+		if line == "ready\n" {
+			fmt.Fprintf(env.stdout, "yirangmq: mounted, daemon pid %d\n", cmd.Process.Pid)
+			_ = cmd.Process.Release()
+			return nil
 		}
-		fmt.Fprintf(env.stdout, "yirangmq: mounted, daemon pid %d\n", cmd.Process.Pid)
-		_ = cmd.Process.Release()
-		return nil
+		werr := cmd.Wait()
+		if why, ok := strings.CutPrefix(strings.TrimSuffix(line, "\n"), readyFailed); ok {
+			return errors.New(why)
+		}
+		// It died without a word (a crash, a kill): what it logged, if
+		// anything, is in its log.
+		return fmt.Errorf("the daemon stopped before the mount was ready (%v)%s", werr, newLogLines(logFile, logStart, 10))
 	case <-time.After(30 * time.Second):
 		cmd.Process.Kill()
-		return fmt.Errorf("the daemon was not ready after 30 s; the end of %s:\n%s", logFile, logTail(logFile, 10))
+		cmd.Wait()
+		return fmt.Errorf("the daemon was not ready after 30 s%s", newLogLines(logFile, logStart, 10))
 	}
 }
 
-// logTail returns the last n lines of a log file.
-func logTail(path string, n int) string {
+// logSize is the size of a log file, 0 if there is none.
+func logSize(path string) int64 {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+// newLogLines returns the last n of the lines a log file got past offset
+// from (what this run of the daemon wrote), introduced, or "" when none.
+func newLogLines(path string, from int64, n int) string {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return "(" + err.Error() + ")"
+		return ""
 	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+	if int64(len(b)) < from {
+		from = 0 // rotated meanwhile: all of it is new
+	}
+	if int64(len(b)) == from {
+		return ""
+	}
+	lines := strings.Split(strings.TrimRight(string(b[from:]), "\n"), "\n")
+	return "; its log " + path + " says:\n" + strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // recoverMountpoint deals with what a crashed daemon left on mountpoint:
@@ -413,43 +568,4 @@ func recoverMountpoint(mountpoint string, log *slog.Logger) (aborted bool, err e
 			"fuse_connection", info.Conn, "abort_err", aerr, "umount_err", uerr)
 		return true, nil
 	}
-}
-
-func runUmount(ctx context.Context, env *cliEnv, args []string) error {
-	fl := pflag.NewFlagSet("umount", pflag.ContinueOnError)
-	fl.Usage = func() {
-		fmt.Fprintln(fl.Output(), "Usage: yirangmq umount [OPTIONS] MOUNTPOINT\n\nUnmounts a yirangmq mount; the daemon then stops by itself.\n\nOptions:")
-		fl.PrintDefaults()
-	}
-	lazy := fl.BoolP("lazy", "l", false, "detach now even if busy (the daemon stops when the last user leaves)")
-	if ok, err := parseFlags(env, fl, args); !ok {
-		return err
-	}
-	if fl.NArg() != 1 {
-		fmt.Fprintln(env.stderr, "yirangmq umount: exactly one MOUNTPOINT is needed")
-		return errUsage
-	}
-	mp := fl.Arg(0)
-	flags := 0
-	if *lazy {
-		flags = unix.MNT_DETACH
-	}
-	err := unix.Unmount(mp, flags)
-	if errors.Is(err, unix.EPERM) {
-		// Not root: fusermount3 can unmount what this user mounted.
-		if out, ferr := exec.Command("fusermount3", "-u", mp).CombinedOutput(); ferr == nil {
-			return nil
-		} else {
-			return fmt.Errorf("unmount %s: %s", mp, strings.TrimSpace(string(out)))
-		}
-	}
-	switch {
-	case errors.Is(err, unix.EBUSY):
-		return fmt.Errorf("unmount %s: busy: a process has a file open or its working directory there (try fuser -m %s, or --lazy)", mp, mp)
-	case errors.Is(err, unix.EINVAL):
-		return fmt.Errorf("unmount %s: not a mountpoint", mp)
-	case err != nil:
-		return fmt.Errorf("unmount %s: %w", mp, err)
-	}
-	return nil
 }

@@ -41,7 +41,7 @@ func clientUsage(fl *pflag.FlagSet, synopsis, description string) {
 	fl.SortFlags = false
 	fl.Usage = func() {
 		fmt.Fprintf(fl.Output(), "Usage: yirangmq %s\n\n%s\n\nOptions:\n", synopsis, description)
-		fl.PrintDefaults()
+		printOptions(fl)
 	}
 }
 

@@ -154,6 +154,19 @@ func (q *quietGC) cycle() {
 	q.log.Debug("idle: periodic garbage collection stopped", "idle_for", gap.Round(time.Second), "memory_limit_mib", limit>>20)
 }
 
+// setMemoryLimit sets the Go heap's soft limit that the daemon works
+// under (a memory budget's, which may change while it runs): at once, or,
+// in the quiet state, as the limit that the end of it puts back.
+func (q *quietGC) setMemoryLimit(limit int64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.quiet {
+		q.limit = limit
+		return
+	}
+	q.rt.setMemoryLimit(limit)
+}
+
 // realGCRuntime is the process's runtime.
 type realGCRuntime struct {
 	mu      sync.Mutex

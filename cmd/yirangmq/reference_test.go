@@ -6,6 +6,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -35,6 +36,32 @@ func TestCLIReferenceIsCurrent(t *testing.T) {
 		}
 		if !bytes.Contains(want, []byte("## yirangmq "+c.name+"\n")) {
 			t.Errorf("reference lacks %s", c.name)
+		}
+	}
+}
+
+// Every command's --help ends with two or three examples, each a
+// yirangmq command line, and shows bool flags as plain --flag.
+func TestHelpEndsWithExamples(t *testing.T) {
+	for _, c := range commands() {
+		r := cli(t, "", c.name, "--help")
+		if r.code != 0 {
+			t.Errorf("%s --help: exit %d", c.name, r.code)
+			continue
+		}
+		_, ex, ok := strings.Cut(r.stdout, "\nExamples:\n")
+		lines := strings.Split(strings.TrimRight(ex, "\n"), "\n")
+		if !ok || len(lines) < 2 || len(lines) > 3 {
+			t.Errorf("%s --help does not end with two or three examples:\n%s", c.name, r.stdout)
+			continue
+		}
+		for _, l := range lines {
+			if !strings.Contains(l, "yirangmq ") {
+				t.Errorf("%s --help: example %q runs no yirangmq command", c.name, l)
+			}
+		}
+		if strings.Contains(r.stdout, "[=true|false]") {
+			t.Errorf("%s --help shows a bool flag as --flag[=true|false]:\n%s", c.name, r.stdout)
 		}
 	}
 }

@@ -82,6 +82,7 @@ func runStatus(ctx context.Context, env *cliEnv, args []string) error {
 		}
 		printStatusTable(env.stdout, d.Queues)
 		printDiskLine(env.stdout, d.Disk)
+		printRefusals(env.stdout, abs, d.Queues)
 		return nil
 	}
 	if !watch {
@@ -141,16 +142,42 @@ func printStatusTable(w io.Writer, queues []queuecore.QueueStats) {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "QUEUE\tREADY\tINFLIGHT\tDELAYED\tDLQ\tARCHIVED\tOLDEST\tPUB/s\tLEASE/s\tACK/s\tPAUSED")
+	fmt.Fprintln(tw, "QUEUE\tREADY\tINFLIGHT\tDELAYED\tDLQ\tARCHIVED\tOLDEST\tPUB/s\tLEASE/s\tACK/s\tPAUSED\tREFUSED")
 	for _, s := range queues {
 		paused := "-"
 		if s.Paused {
 			paused = "yes"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\n", s.Queue, s.Ready, s.Inflight, s.Delayed, s.DLQ, s.Archived,
-			age(s.Ready, s.OldestReadyAgeSec), rate(s.Rates.PublishedPerSec), rate(s.Rates.LeasedPerSec), rate(s.Rates.AckedPerSec), paused)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d\n", s.Queue, s.Ready, s.Inflight, s.Delayed, s.DLQ, s.Archived,
+			age(s.Ready, s.OldestReadyAgeSec), rate(s.Rates.PublishedPerSec), rate(s.Rates.LeasedPerSec), rate(s.Rates.AckedPerSec), paused, s.RefusedTotal)
 	}
 	tw.Flush()
+}
+
+// printRefusals lists the last operations each queue refused, the newest
+// first: a producer whose shell ignored the error of close(2) (echo >)
+// sees here why its message is not in inbox/. MOUNT/.stats counts them
+// only; the list is in each QUEUE/.stats, which this user may not be
+// allowed to read (then it is left out).
+func printRefusals(w io.Writer, mount string, queues []queuecore.QueueStats) {
+	for _, s := range queues {
+		if s.LastRefusals == nil && s.RefusedTotal > 0 {
+			if qs, err := (queueRef{mount: mount, name: s.Queue}).readStats(); err == nil {
+				s.LastRefusals = qs.LastRefusals
+			}
+		}
+		if len(s.LastRefusals) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "last refused in %s (newest first):\n", s.Queue)
+		for _, r := range s.LastRefusals {
+			name := r.Name
+			if name == "" {
+				name = "-"
+			}
+			fmt.Fprintf(w, "  %s  %s  %s  uid %d  %s\n", r.At.UTC().Format(time.RFC3339), strconv.Quote(name), r.Errno, r.UID, r.Reason)
+		}
+	}
 }
 
 // printDiskLine says how much room the store has left against its

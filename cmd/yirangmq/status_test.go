@@ -3,12 +3,16 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"regexp"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"yirangmq/queuecore"
+	"yirangmq/testenv"
 )
 
 func TestStatusTable(t *testing.T) {
@@ -28,7 +32,7 @@ func TestStatusTable(t *testing.T) {
 		t.Errorf("disk line %q", disk)
 	}
 	lines = lines[:3]
-	wantCols := []string{"QUEUE", "READY", "INFLIGHT", "DELAYED", "DLQ", "ARCHIVED", "OLDEST", "PUB/s", "LEASE/s", "ACK/s", "PAUSED"}
+	wantCols := []string{"QUEUE", "READY", "INFLIGHT", "DELAYED", "DLQ", "ARCHIVED", "OLDEST", "PUB/s", "LEASE/s", "ACK/s", "PAUSED", "REFUSED"}
 	if got := strings.Fields(lines[0]); strings.Join(got, " ") != strings.Join(wantCols, " ") {
 		t.Errorf("header %q", lines[0])
 	}
@@ -78,22 +82,28 @@ func TestStatusJSON(t *testing.T) {
 func TestStatusWatch(t *testing.T) {
 	d := startMount(t)
 	mkqueue(t, d, "jobs", "")
-	ctx, cancel := context.WithTimeout(context.Background(), 350*time.Millisecond)
+	// It redraws until interrupted: stop it after its third draw (a
+	// loaded machine may take long for each; the deadline is only a bound).
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	r := cliCtx(ctx, t, "", "status", "--mount", d.Mountpoint, "--watch", "--interval", "100ms")
+	out := &drawCounter{mark: clearScreen, after: 3, stop: cancel}
+	code := run(ctx, &cliEnv{stdout: out, stderr: io.Discard, stdin: strings.NewReader("")}, []string{"status", "--mount", d.Mountpoint, "--watch", "--interval", "100ms"})
+	r := cliResult{stdout: out.String(), code: code}
 	if r.code != 0 {
-		t.Fatalf("status --watch: exit %d, %q", r.code, r.stderr)
+		t.Fatalf("status --watch: exit %d", r.code)
 	}
 	if n := strings.Count(r.stdout, clearScreen); n < 2 {
-		t.Errorf("status --watch drew %d times in 350ms at 100ms:\n%q", n, r.stdout)
+		t.Errorf("status --watch drew %d times before it was stopped, want 2 or more:\n%q", n, r.stdout)
 	}
 	if n := strings.Count(r.stdout, "QUEUE"); n != strings.Count(r.stdout, clearScreen) {
 		t.Errorf("not one table per redraw:\n%q", r.stdout)
 	}
 
-	ctx, cancel = context.WithTimeout(context.Background(), 250*time.Millisecond)
+	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	r = cliCtx(ctx, t, "", "status", "--mount", d.Mountpoint, "--watch", "--json", "--interval", "100ms")
+	out = &drawCounter{mark: "\n", after: 2, stop: cancel}
+	code = run(ctx, &cliEnv{stdout: out, stderr: io.Discard, stdin: strings.NewReader("")}, []string{"status", "--mount", d.Mountpoint, "--watch", "--json", "--interval", "100ms"})
+	r = cliResult{stdout: out.String(), code: code}
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
 	if r.code != 0 || len(lines) < 2 {
 		t.Fatalf("status --watch --json: exit %d, %q", r.code, r.stdout)
@@ -130,4 +140,51 @@ func TestStatusPrometheus(t *testing.T) {
 			t.Errorf("not an exposition line: %q", l)
 		}
 	}
+}
+
+// A message refused at a close nobody checked (bash's builtin echo) shows
+// in status, with its name, errno and reason.
+func TestStatusShowsRefusals(t *testing.T) {
+	d := startMount(t)
+	mkqueue(t, d, "jobs", `{"format": "json", "schema": {"type": "object", "properties": {"order": {"type": "number"}}}}`)
+	testenv.MustSh(t, d.Path("jobs"), `echo '{"order": "x"}' > inbox/bad-1`) // exits 0: the shell ignores close(2)
+	out := mustCLI(t, "", "status", "--mount", d.Mountpoint)
+	lines := strings.Split(out, "\n")
+	row := strings.Fields(lines[1])
+	if len(row) != 12 || row[0] != "jobs" || row[11] != "1" {
+		t.Errorf("jobs row %q, want REFUSED 1", lines[1])
+	}
+	i := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, "last refused in jobs") })
+	if i < 0 || i+1 >= len(lines) {
+		t.Fatalf("status does not list the refusal:\n%s", out)
+	}
+	if l := lines[i+1]; !strings.Contains(l, `"bad-1"`) || !strings.Contains(l, "EINVAL") || !strings.Contains(l, "schema") {
+		t.Errorf("refusal line %q, want the name, EINVAL and the schema's reason", l)
+	}
+}
+
+// drawCounter collects what a --watch command writes, and calls stop once
+// mark has been written after times.
+type drawCounter struct {
+	mu    sync.Mutex
+	b     strings.Builder
+	mark  string
+	after int
+	stop  func()
+}
+
+func (w *drawCounter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.b.Write(p)
+	if strings.Count(w.b.String(), w.mark) >= w.after {
+		w.stop()
+	}
+	return len(p), nil
+}
+
+func (w *drawCounter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 
 	"github.com/spf13/pflag"
 )
@@ -22,7 +23,7 @@ func parseFlags(env *cliEnv, fs *pflag.FlagSet, args []string) (bool, error) {
 	if fs.Usage == nil {
 		fs.Usage = func() {
 			fmt.Fprintf(fs.Output(), "Usage: yirangmq %s [OPTIONS]\n\nOptions:\n", fs.Name())
-			fs.PrintDefaults()
+			printOptions(fs)
 		}
 	}
 	help := fs.BoolP("help", "h", false, "show this help")
@@ -34,6 +35,7 @@ func parseFlags(env *cliEnv, fs *pflag.FlagSet, args []string) (bool, error) {
 	if *help {
 		fs.SetOutput(env.stdout)
 		fs.Usage()
+		printExamples(env.stdout, fs.Name())
 		return false, nil
 	}
 	return true, nil
@@ -63,4 +65,13 @@ func runVersion(ctx context.Context, env *cliEnv, args []string) error {
 	}
 	fmt.Fprintf(env.stdout, "yirangmq %s (%s, %s/%s; stores: %s)\n", version, runtime.Version(), runtime.GOOS, runtime.GOARCH, stores)
 	return nil
+}
+
+// printOptions prints a command's flags as pflag does, but a bool flag as
+// plain --flag: pflag shows every bool as --flag[=true|false], which reads
+// as if a value were needed.
+func printOptions(fs *pflag.FlagSet) {
+	const noise = "[=true|false]"
+	// The same width in spaces keeps the columns of the other lines.
+	fmt.Fprint(fs.Output(), strings.ReplaceAll(fs.FlagUsages(), noise, strings.Repeat(" ", len(noise))))
 }

@@ -17,7 +17,7 @@ type Cgroup struct {
 }
 
 // NewCgroup makes a memory cgroup named name under the cgroup of this
-// process, limited to limit bytes (and no swap).
+// process, limited to limit bytes (and no swap); 0 or less: no limit.
 func NewCgroup(name string, limit int64) (*Cgroup, error) {
 	f, err := os.Open("/proc/self/cgroup")
 	if err != nil {
@@ -46,12 +46,9 @@ func NewCgroup(name string, limit int64) (*Cgroup, error) {
 			if err := os.Mkdir(cg.Dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 				return nil, err
 			}
-			if err := write(filepath.Join(cg.Dir, "memory.limit_in_bytes"), limit); err != nil {
+			if err := cg.SetLimit(limit); err != nil {
 				cg.Remove()
 				return nil, err
-			}
-			if exists(filepath.Join(cg.Dir, "memory.memsw.limit_in_bytes")) {
-				_ = write(filepath.Join(cg.Dir, "memory.memsw.limit_in_bytes"), limit)
 			}
 			return cg, nil
 		}
@@ -70,7 +67,7 @@ func NewCgroup(name string, limit int64) (*Cgroup, error) {
 		if err := os.Mkdir(cg.Dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 			return nil, err
 		}
-		if err := write(filepath.Join(cg.Dir, "memory.max"), limit); err != nil {
+		if err := cg.SetLimit(limit); err != nil {
 			cg.Remove()
 			return nil, err
 		}
@@ -78,6 +75,35 @@ func NewCgroup(name string, limit int64) (*Cgroup, error) {
 		return cg, nil
 	}
 	return nil, errors.New("no memory cgroup found")
+}
+
+// SetLimit sets the cgroup's memory limit (and no swap), as `systemctl
+// set-property MemoryMax=` does for a service's; 0 or less: no limit.
+func (c *Cgroup) SetLimit(limit int64) error {
+	if c.v2 {
+		v := "max"
+		if limit > 0 {
+			v = strconv.FormatInt(limit, 10)
+		}
+		return os.WriteFile(filepath.Join(c.Dir, "memory.max"), []byte(v), 0)
+	}
+	if limit <= 0 {
+		limit = -1
+	}
+	// v1: memory+swap may not be under memory alone; raise it first,
+	// lower it last.
+	memsw := filepath.Join(c.Dir, "memory.memsw.limit_in_bytes")
+	hasSwap := exists(memsw)
+	if hasSwap {
+		_ = write(memsw, -1)
+	}
+	if err := write(filepath.Join(c.Dir, "memory.limit_in_bytes"), limit); err != nil {
+		return err
+	}
+	if hasSwap {
+		_ = write(memsw, limit)
+	}
+	return nil
 }
 
 // Wrap is a command prefix (testenv.DaemonOptions.Wrap) that moves the
