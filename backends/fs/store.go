@@ -71,6 +71,9 @@ type Tuning struct {
 	// insert past it fails with queuecore.ErrStoreFull (EDQUOT through the
 	// mount). 0: DefaultMaxMessages.
 	MaxMessages int
+	// Spares is the number of empty body files kept ready (spare.go):
+	// 0: the default (16), negative: none (for measuring what they give).
+	Spares int
 }
 
 // config holds what tests tune besides Tuning.
@@ -148,7 +151,7 @@ func Open(ctx context.Context, dir string, opts backends.Options) (*Store, error
 
 // OpenTuned is Open with Tuning.
 func OpenTuned(ctx context.Context, dir string, opts backends.Options, t Tuning) (*Store, error) {
-	return open(ctx, dir, opts, config{maxMessages: t.MaxMessages})
+	return open(ctx, dir, opts, config{maxMessages: t.MaxMessages, spares: t.Spares})
 }
 
 func open(ctx context.Context, dir string, opts backends.Options, cfg config) (*Store, error) {

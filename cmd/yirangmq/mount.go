@@ -84,6 +84,9 @@ func mount(ctx context.Context, env *cliEnv, args []string) (err error) {
 	fl.StringVar(&f.memoryBudget, "memory-budget", "auto", "RSS at which the daemon sheds caches (70%) and refuses new messages with ENOSPC (90%): a size (48MiB), off, or auto (3/4 of the cgroup's memory limit; off without one)")
 	fl.StringVar(&f.sqliteFileBodies, "sqlite-file-bodies", "256K", "with --backend sqlite: bodies of this SIZE or more are kept in files of their own (STORE/bodies/), which readers read in place; 0: none, every body in the database file")
 	fl.IntVar(&fsMaxMessages, "fs-max-messages", defaultFSMaxMessages, "with --backend fs: messages the store holds at most, in every queue and state (past it a publish fails with EDQUOT); the daemon keeps about 200 bytes of memory per message")
+	// For measuring what the fs store's spare files give (-1: none).
+	fl.IntVar(&fsSpares, "fs-spares", 0, "")
+	_ = fl.MarkHidden("fs-spares")
 	// Settings of the fs store's format 1, which earlier builds wrote:
 	// accepted so that old command lines and fstab entries still mount.
 	fl.StringVar(&f.fsStageBodies, "fs-stage-bodies", "", "")

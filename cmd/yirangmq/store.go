@@ -35,6 +35,9 @@ func defaultStore() string {
 // most (0: its default).
 var fsMaxMessages int
 
+// fsSpares is the hidden --fs-spares, for measuring the spare files.
+var fsSpares int
+
 const defaultFSMaxMessages = fs.DefaultMaxMessages
 
 // sqliteFileBodies is --sqlite-file-bodies: the body size from which the
@@ -49,7 +52,7 @@ func openStore(ctx context.Context, backend, dir string, sync queuecore.SyncMode
 	case "sqlite":
 		return sqlite.OpenTuned(ctx, dir, opts, sqlite.Tuning{FileBodies: sqliteFileBodies})
 	case "fs":
-		return fs.OpenTuned(ctx, dir, opts, fs.Tuning{MaxMessages: fsMaxMessages})
+		return fs.OpenTuned(ctx, dir, opts, fs.Tuning{MaxMessages: fsMaxMessages, Spares: fsSpares})
 	case "postgres":
 		if !isPostgresURL(dir) {
 			return nil, fmt.Errorf("--backend postgres needs --store postgres://USER@HOST/DB (or a key=value connection string), not %q", dir)
