@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"yirangmq/queuecore"
@@ -145,19 +146,15 @@ func (s *Store) handle(payload string) {
 	}
 }
 
-// connectListener opens the listener's connection and LISTENs. The
-// notifications it receives are handled as they are read, on the
-// goroutine that reads them (receive's).
-func (s *Store) connectListener(ctx context.Context) (*conn, error) {
-	cfg := s.conf.Copy()
-	cfg.OnNotification = func(_ *pgconn.PgConn, n *pgconn.Notification) { s.handle(n.Payload) }
-	c, err := s.connect(ctx, cfg)
+// connectListener opens the listener's connection and LISTENs.
+func (s *Store) connectListener(ctx context.Context) (*pgx.Conn, error) {
+	c, err := s.connect(ctx)
 	if err != nil {
 		return nil, err
 	}
 	lctx, cancel := context.WithTimeout(ctx, pingTimeout)
 	defer cancel()
-	if _, err := c.Exec(lctx, "LISTEN "+quoteIdent(s.channel)); err != nil {
+	if _, err := c.Exec(lctx, "LISTEN "+pgx.Identifier{s.channel}.Sanitize()); err != nil {
 		closeConn(c)
 		return nil, err
 	}
@@ -167,7 +164,7 @@ func (s *Store) connectListener(ctx context.Context) (*conn, error) {
 // listenLoop delivers the notifications c receives until ctx is done. When
 // the connection fails it reconnects, with backoff, and then delivers a
 // resync: what was committed meanwhile was not heard.
-func (s *Store) listenLoop(ctx context.Context, c *conn) {
+func (s *Store) listenLoop(ctx context.Context, c *pgx.Conn) {
 	for {
 		err := s.receive(ctx, c)
 		closeConn(c)
@@ -183,12 +180,12 @@ func (s *Store) listenLoop(ctx context.Context, c *conn) {
 	}
 }
 
-// receive waits for notifications on c, which handles them, until c
-// fails or ctx is done.
-func (s *Store) receive(ctx context.Context, c *conn) error {
+// receive waits for notifications on c and handles them, until c fails or
+// ctx is done.
+func (s *Store) receive(ctx context.Context, c *pgx.Conn) error {
 	for {
 		wctx, cancel := context.WithTimeout(ctx, listenPing)
-		err := c.pg.WaitForNotification(wctx)
+		n, err := c.WaitForNotification(wctx)
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
@@ -203,13 +200,17 @@ func (s *Store) receive(ctx context.Context, c *conn) error {
 			if err != nil {
 				return fmt.Errorf("ping: %w", err)
 			}
+			continue
+		}
+		if n != nil {
+			s.handle(n.Payload)
 		}
 	}
 }
 
 // reconnectListener connects again, with exponential backoff, until it
 // succeeds (nil once ctx is done).
-func (s *Store) reconnectListener(ctx context.Context) *conn {
+func (s *Store) reconnectListener(ctx context.Context) *pgx.Conn {
 	delay := 100 * time.Millisecond
 	lastWarn := time.Now() // listenLoop has just warned
 	for {
