@@ -39,6 +39,11 @@ const (
 	reconnectNoise = time.Minute // while reconnecting, at most one warning per minute
 )
 
+// resyncWhileDeaf is how often a store whose listener is down tells its
+// subscribers that anything may have changed (reconnectListener); a
+// variable for the tests.
+var resyncWhileDeaf = 30 * time.Second
+
 // payload encodes changes from this store.
 func (s *Store) payload(changes []queuecore.Change) string {
 	var b strings.Builder
@@ -209,11 +214,24 @@ func (s *Store) receive(ctx context.Context, c *pgx.Conn) error {
 }
 
 // reconnectListener connects again, with exponential backoff, until it
-// succeeds (nil once ctx is done).
+// succeeds (nil once ctx is done). Meanwhile it delivers a resync every
+// resyncWhileDeaf while the database answers the pool: the core polls for
+// ready messages by itself, but it learns of queues made, changed or
+// deleted by other daemons only from hints and resyncs (the duty holder
+// alone reloads them on a timer), so a daemon whose listener cannot
+// reconnect (its session_url unreachable while the pool works) would
+// otherwise never see them.
 func (s *Store) reconnectListener(ctx context.Context) *pgx.Conn {
 	delay := 100 * time.Millisecond
 	lastWarn := time.Now() // listenLoop has just warned
+	lastResync := time.Now()
 	for {
+		if time.Since(lastResync) >= resyncWhileDeaf {
+			lastResync = time.Now()
+			if !s.down.Load() {
+				s.deliver(queuecore.Change{})
+			}
+		}
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():

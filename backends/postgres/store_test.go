@@ -295,6 +295,12 @@ func (l *changeLog) add(c queuecore.Change) {
 	l.mu.Unlock()
 }
 
+func (l *changeLog) get() []queuecore.Change {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.cs)
+}
+
 // waitFor waits until l has heard c.
 func (l *changeLog) waitFor(t *testing.T, c queuecore.Change) {
 	t.Helper()
