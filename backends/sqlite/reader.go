@@ -12,24 +12,53 @@ import (
 	"yirangmq/queuecore"
 )
 
-// reader is one read-only connection with its prepared statements. A reader
-// is used by one goroutine at a time: taken from Store.idle, given back
-// after the read. Each statement runs in autocommit mode, so a read sees
-// every transaction committed before it starts, and a reader never waits
-// for the writer (WAL: readers read the last commit while a new one is
-// written and synced).
+// reader runs the store's reads: the read statements and the argument
+// and destination slices they use, on one read-only connection of the
+// store's pool of readers (below), on the writer's connection
+// (readPoint), or on database/sql's pool (sqlreads.go). A reader is used
+// by one goroutine at a time. Each statement runs in autocommit mode, so
+// a read sees every transaction committed before it starts, and a reader
+// never waits for the writer (WAL: readers read the last commit while a
+// new one is written and synced).
 type reader struct {
-	conn *sqlite3.SQLiteConn
-
-	queues, body, size, due, nextDue, counts, maxID *sqlite3.SQLiteStmt
-	lookup                                          [2]*sqlite3.SQLiteStmt // by archived
-	// list and listAfter by state: the whole list, and its rest after a
-	// given (sk, seq, id).
-	list, listAfter [len(queuecore.States) + 1]*sqlite3.SQLiteStmt
+	*readStmts
+	// conn is the reader's own connection (nil on database/sql's pool,
+	// whose pragma runs the PRAGMAs instead).
+	conn   *sqlite3.SQLiteConn
+	pragma func(query string) (int64, error)
 
 	args []driver.NamedValue
 	dest []driver.Value
 }
+
+// readStmts are the read statements, prepared on one connection or on
+// database/sql's pool.
+type readStmts struct {
+	queues, body, size, due, nextDue, counts, maxID readStmt
+	lookup                                          [2]readStmt // by archived
+	// list and listAfter by state: the whole list, and its rest after a
+	// given (sk, seq, id).
+	list, listAfter [len(queuecore.States) + 1]readStmt
+}
+
+// readStmt is a prepared query.
+type readStmt interface {
+	query(args []driver.NamedValue) (driver.Rows, error)
+	close() error
+}
+
+// connStmt is a statement prepared on a connection of the store's own.
+type connStmt struct{ st *sqlite3.SQLiteStmt }
+
+// query runs the statement. The context is Background: go-sqlite3 would
+// watch a cancellable one with a callback per query, and the Store
+// contract lets no short read fail because a FUSE request was
+// interrupted.
+func (c connStmt) query(args []driver.NamedValue) (driver.Rows, error) {
+	return c.st.QueryContext(context.Background(), args)
+}
+
+func (c connStmt) close() error { return c.st.Close() }
 
 func openReader(path string, opts connOptions) (*reader, error) {
 	c, err := openConn(path, opts)
@@ -46,63 +75,86 @@ func openReader(path string, opts connOptions) (*reader, error) {
 
 // newReader prepares the read statements on c.
 func newReader(c *sqlite3.SQLiteConn) (*reader, error) {
-	r := &reader{conn: c, args: newArgs(4), dest: make([]driver.Value, nMsgCols)}
-	type stmt struct {
-		p   **sqlite3.SQLiteStmt
-		sql string
-	}
-	stmts := []stmt{
-		{&r.queues, sqlQueues},
-		{&r.lookup[0], sqlLookup(0)},
-		{&r.lookup[1], sqlLookup(1)},
-		{&r.body, sqlBody},
-		{&r.size, sqlSize},
-		{&r.due, sqlDue},
-		{&r.nextDue, sqlNextDue},
-		{&r.counts, sqlCounts},
-		{&r.maxID, sqlMaxID},
-	}
-	for _, st := range queuecore.States {
-		stmts = append(stmts, stmt{&r.list[st], sqlList(st)}, stmt{&r.listAfter[st], sqlListAfter(st)})
-	}
-	for _, st := range stmts {
-		ds, err := c.Prepare(st.sql)
+	st, err := prepareReads(func(q string) (readStmt, error) {
+		ds, err := c.Prepare(q)
 		if err != nil {
-			r.closeStmts()
-			return nil, fmt.Errorf("prepare %q: %w", st.sql, err)
+			return nil, err
 		}
-		*st.p = ds.(*sqlite3.SQLiteStmt)
+		return connStmt{ds.(*sqlite3.SQLiteStmt)}, nil
+	})
+	if err != nil {
+		return nil, err
 	}
+	r := newScratch(st)
+	r.conn = c
+	r.pragma = func(q string) (int64, error) { return queryInt(c, q) }
 	return r, nil
 }
 
+// newScratch is a reader of st with argument and destination slices of
+// its own.
+func newScratch(st *readStmts) *reader {
+	return &reader{readStmts: st, args: newArgs(4), dest: make([]driver.Value, nMsgCols)}
+}
+
+// prepareReads prepares every read statement with prepare.
+func prepareReads(prepare func(string) (readStmt, error)) (*readStmts, error) {
+	rs := &readStmts{}
+	type stmt struct {
+		p   *readStmt
+		sql string
+	}
+	stmts := []stmt{
+		{&rs.queues, sqlQueues},
+		{&rs.lookup[0], sqlLookup(0)},
+		{&rs.lookup[1], sqlLookup(1)},
+		{&rs.body, sqlBody},
+		{&rs.size, sqlSize},
+		{&rs.due, sqlDue},
+		{&rs.nextDue, sqlNextDue},
+		{&rs.counts, sqlCounts},
+		{&rs.maxID, sqlMaxID},
+	}
+	for _, st := range queuecore.States {
+		stmts = append(stmts, stmt{&rs.list[st], sqlList(st)}, stmt{&rs.listAfter[st], sqlListAfter(st)})
+	}
+	for _, st := range stmts {
+		ps, err := prepare(st.sql)
+		if err != nil {
+			rs.close()
+			return nil, fmt.Errorf("prepare %q: %w", st.sql, err)
+		}
+		*st.p = ps
+	}
+	return rs, nil
+}
+
 func (r *reader) close() error {
-	r.closeStmts()
+	r.readStmts.close()
 	return r.conn.Close()
 }
 
-func (r *reader) closeStmts() {
-	stmts := []*sqlite3.SQLiteStmt{r.queues, r.body, r.size, r.due, r.nextDue, r.counts, r.maxID}
-	stmts = append(stmts, r.lookup[:]...)
-	stmts = append(stmts, r.list[:]...)
-	stmts = append(stmts, r.listAfter[:]...)
+// close finalizes the statements.
+func (rs *readStmts) close() {
+	stmts := []readStmt{rs.queues, rs.body, rs.size, rs.due, rs.nextDue, rs.counts, rs.maxID}
+	stmts = append(stmts, rs.lookup[:]...)
+	stmts = append(stmts, rs.list[:]...)
+	stmts = append(stmts, rs.listAfter[:]...)
 	for _, st := range stmts {
 		if st != nil {
-			st.Close()
+			st.close()
 		}
 	}
 }
 
-// rows runs a query. The context is Background: go-sqlite3 would watch a
-// cancellable one with a callback per query, and the Store contract lets
-// no short read fail because a FUSE request was interrupted.
-func (r *reader) rows(st *sqlite3.SQLiteStmt, nargs int) (driver.Rows, error) {
-	return st.QueryContext(context.Background(), r.args[:nargs])
+// rows runs a query with the first nargs arguments.
+func (r *reader) rows(st readStmt, nargs int) (driver.Rows, error) {
+	return st.query(r.args[:nargs])
 }
 
 // one runs a query and reads its first row into dest. found is false when
 // there is no row.
-func (r *reader) one(st *sqlite3.SQLiteStmt, nargs int, dest []driver.Value) (found bool, err error) {
+func (r *reader) one(st readStmt, nargs int, dest []driver.Value) (found bool, err error) {
 	rows, err := r.rows(st, nargs)
 	if err != nil {
 		return false, err
@@ -162,6 +214,9 @@ func (s *Store) readPoint(f func(r *reader, onWriter bool) error) error {
 	if s.closed {
 		return errClosed
 	}
+	if s.db != nil {
+		return f(s.dbReader(), false)
+	}
 	s.groupMu.Lock()
 	if !s.committing && len(s.pending) == 0 {
 		s.committing = true
@@ -185,6 +240,9 @@ func (s *Store) read(f func(r *reader) error) error {
 	defer s.closeMu.RUnlock()
 	if s.closed {
 		return errClosed
+	}
+	if s.db != nil {
+		return f(s.dbReader())
 	}
 	r, err := s.getReader()
 	if err != nil {

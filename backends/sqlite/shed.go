@@ -32,6 +32,10 @@ func (s *Store) ShedCaches() {
 
 // shrinkIdleReaders empties the page cache of every idle reader.
 func (s *Store) shrinkIdleReaders() {
+	if s.db != nil {
+		s.shrinkSQLReads()
+		return
+	}
 	var took []*reader
 	defer func() {
 		for _, r := range took {

@@ -44,11 +44,11 @@ func (s *Store) Reclaim(ctx context.Context, urgent bool) error {
 func (s *Store) ReusableBytes(ctx context.Context) int64 {
 	var n int64
 	_ = s.read(func(r *reader) error {
-		free, err := queryInt(r.conn, "PRAGMA freelist_count")
+		free, err := r.pragma("PRAGMA freelist_count")
 		if err != nil {
 			return err
 		}
-		size, err := queryInt(r.conn, "PRAGMA page_size")
+		size, err := r.pragma("PRAGMA page_size")
 		n = free * size
 		return err
 	})

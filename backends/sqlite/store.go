@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -80,6 +81,9 @@ type Store struct {
 	idle      chan *reader
 	readersMu sync.Mutex
 	readers   int
+	// db and dbReads replace them with Tuning's sqlReads (sqlreads.go).
+	db      *sql.DB
+	dbReads *readStmts
 
 	// Body files (files.go): their directory, the least size of a body
 	// the store has or had in a file since it was opened, and the IDs
@@ -107,8 +111,13 @@ type Store struct {
 // tuning holds what tests and benchmarks vary; Open uses the defaults.
 type tuning struct {
 	// plainVFS opens the database with SQLite's unix VFS, without the
-	// store's VFS and anchor (vfs.go): to measure what they save.
+	// store's VFS and anchor (vfs.go): to measure what they save. The
+	// build tag yirangmq_novfs makes it the default.
 	plainVFS bool
+	// sqlReads reads through database/sql's pool (sqlreads.go) instead
+	// of the store's readers (reader.go): to measure what they save. The
+	// build tag yirangmq_sqlreads makes it the default.
+	sqlReads bool
 	// walAutocheckpoint replaces the constant when not 0.
 	walAutocheckpoint int
 	// pageSize of a new database, when not 0 (else defaultPageSize).
@@ -131,12 +140,19 @@ var _ queuecore.Store = (*Store)(nil)
 // the store's lock first: if another process (or another Open in this one)
 // has the store, the error wraps queuecore.ErrLocked and names the holder.
 func Open(ctx context.Context, dir string, opts backends.Options) (*Store, error) {
-	return open(ctx, dir, opts, tuning{})
+	return open(ctx, dir, opts, defaultTuning())
 }
 
 // OpenTuned is Open with the settings of t.
 func OpenTuned(ctx context.Context, dir string, opts backends.Options, t Tuning) (*Store, error) {
-	return open(ctx, dir, opts, tuning{fileBodies: t.FileBodies})
+	tun := defaultTuning()
+	tun.fileBodies = t.FileBodies
+	return open(ctx, dir, opts, tun)
+}
+
+// defaultTuning is what Open uses: the build tags' choices (tags.go).
+func defaultTuning() tuning {
+	return tuning{plainVFS: tagNoVFS, sqlReads: tagSQLReads}
 }
 
 func open(ctx context.Context, dir string, opts backends.Options, tun tuning) (*Store, error) {
@@ -211,6 +227,12 @@ func (s *Store) open() error {
 		if s.anchor, err = openAnchor(s.path); err != nil {
 			return err
 		}
+	}
+	if s.tuning.sqlReads {
+		if err := s.openSQLReads(); err != nil {
+			return fmt.Errorf("open readers: %w", err)
+		}
+		return s.db.Ping()
 	}
 	r, err := openReader(s.path, s.connOpts(false))
 	if err != nil {
@@ -336,7 +358,7 @@ func (s *Store) Close() error {
 	s.closed = true
 	var errs []error
 	// Readers first: a checkpoint cannot truncate a WAL a reader still uses.
-	errs = append(errs, s.closeReaders(), s.lazy.close())
+	errs = append(errs, s.closeReaders(), s.closeSQLReads(), s.lazy.close())
 	if _, err := s.w.conn.Exec("PRAGMA wal_checkpoint(TRUNCATE)", nil); err != nil {
 		errs = append(errs, fmt.Errorf("checkpoint: %w", err))
 	}
@@ -367,7 +389,7 @@ func (s *Store) closeReaders() error {
 // after the anchor: as the last connection, it checkpoints the WAL into
 // the database file and deletes it.
 func (s *Store) closeConns() error {
-	errs := []error{s.closeReaders(), s.anchor.close()}
+	errs := []error{s.closeReaders(), s.closeSQLReads(), s.anchor.close()}
 	s.anchor = nil
 	if s.w != nil {
 		errs = append(errs, s.w.close())

@@ -260,7 +260,7 @@ func (w *writer) close() error {
 		}
 	}
 	if w.reads != nil {
-		w.reads.closeStmts()
+		w.reads.readStmts.close()
 	}
 	return w.conn.Close()
 }
@@ -491,7 +491,7 @@ func (w *writer) fileOf(id uint64, size int64) (bool, error) {
 	w.lookups++
 	r := w.reads
 	r.args[0].Value = int64(id)
-	found, err := r.one(w.fileOfStmt, 1, r.dest[:1])
+	found, err := r.one(connStmt{w.fileOfStmt}, 1, r.dest[:1])
 	if err != nil {
 		return false, fmt.Errorf("look up its body file: %w", err)
 	}
@@ -505,7 +505,7 @@ func (w *writer) queueFiles(queue string) error {
 	}
 	r := w.reads
 	r.args[0].Value = queue
-	rows, err := r.rows(w.queueFilesStmt, 1)
+	rows, err := r.rows(connStmt{w.queueFilesStmt}, 1)
 	if err != nil {
 		return fmt.Errorf("list its body files: %w", err)
 	}

@@ -1,0 +1,8 @@
+//go:build yirangmq_novfs && !yirangmq_sqlreads
+
+package sqlite
+
+const (
+	tagNoVFS    = true
+	tagSQLReads = false
+)

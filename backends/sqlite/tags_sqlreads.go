@@ -1,0 +1,8 @@
+//go:build yirangmq_sqlreads && !yirangmq_novfs
+
+package sqlite
+
+const (
+	tagNoVFS    = false
+	tagSQLReads = true
+)
