@@ -7,8 +7,8 @@ import (
 )
 
 // TestNoPostgresTag: a build with -tags nopostgres leaves the postgres
-// store and its driver out (the smaller ARM binary of make release
-// RELEASE_TAGS=nopostgres) and keeps both local stores.
+// store and its driver out (the nopostgres binaries of make release) and
+// keeps both local stores; the default build has pgx and pgxpool.
 func TestNoPostgresTag(t *testing.T) {
 	goBin, err := exec.LookPath("go")
 	if err != nil {
