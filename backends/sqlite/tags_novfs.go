@@ -1,8 +1,5 @@
-//go:build yirangmq_novfs && !yirangmq_sqlreads
+//go:build yirangmq_novfs
 
 package sqlite
 
-const (
-	tagNoVFS    = true
-	tagSQLReads = false
-)
+const tagNoVFS = true

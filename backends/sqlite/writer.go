@@ -199,8 +199,8 @@ type writer struct {
 	fileFloor *fileFloor
 	lookups   int // fileOf's look-ups in the database, for tests
 
-	// reads are the read statements on the writer's connection
-	// (Store.readPoint).
+	// reads holds the argument and destination slices of the writer's
+	// own queries (fileOf, queueFiles).
 	reads *reader
 }
 
@@ -241,11 +241,7 @@ func openWriter(c *sqlite3.SQLiteConn) (*writer, error) {
 		}
 		*st.p = ds.(*sqlite3.SQLiteStmt)
 	}
-	var err error
-	if w.reads, err = newReader(c); err != nil {
-		w.close()
-		return nil, err
-	}
+	w.reads = newScratch(nil)
 	return w, nil
 }
 
@@ -258,9 +254,6 @@ func (w *writer) close() error {
 		if st != nil {
 			st.Close()
 		}
-	}
-	if w.reads != nil {
-		w.reads.readStmts.close()
 	}
 	return w.conn.Close()
 }

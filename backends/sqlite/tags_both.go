@@ -1,8 +1,0 @@
-//go:build yirangmq_novfs && yirangmq_sqlreads
-
-package sqlite
-
-const (
-	tagNoVFS    = true
-	tagSQLReads = true
-)

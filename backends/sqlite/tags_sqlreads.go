@@ -1,8 +1,0 @@
-//go:build yirangmq_sqlreads && !yirangmq_novfs
-
-package sqlite
-
-const (
-	tagNoVFS    = false
-	tagSQLReads = true
-)
