@@ -80,9 +80,11 @@ print(f"guest {guest / 1024:.1f} MiB", end="")
 PY
 }
 
-echo "== size (stripped, static)"
+echo "== size (stripped, static; every store, then nopostgres)"
 for a in $ARCHES; do
-	printf '%-6s %6.1f MB  %s\n' "$a" "$(stat -c %s "$REL/yirangmq-linux-$a" | awk '{print $1/1e6}')" "$(cd "$REL" && sha256sum "yirangmq-linux-$a" | cut -c1-16)"
+	for f in "yirangmq-linux-$a" "yirangmq-nopostgres-linux-$a"; do
+		printf '%-6s %6.2f MB  %s  %s\n' "$a" "$(stat -c %s "$REL/$f" | awk '{print $1/1e6}')" "$(cd "$REL" && sha256sum "$f" | cut -c1-16)" "$f"
+	done
 done
 
 echo "== fill $N ready messages (amd64 daemon, through the mount)"

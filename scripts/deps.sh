@@ -41,6 +41,8 @@ want ip iproute2               # the network split
 want systemd-analyze systemd   # the shipped units are verified
 # The postgres store's tests start a server of their own (testenv/pgtest).
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+# Some of them put PgBouncer in front of it (testenv/pgtest/bouncer.go).
+[ -x /usr/sbin/pgbouncer ] || command -v pgbouncer >/dev/null || need+=(pgbouncer)
 
 if [ ${#need[@]} -eq 0 ]; then
 	exit 0

@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
 	"yirangmq/backends"
 	"yirangmq/queuecore"
 )
@@ -80,7 +83,7 @@ type msgRow struct {
 	attempts, redrives, uid, gid, rev                      int64
 	state                                                  int16
 	queue                                                  string
-	name, messageID, reason, reasonMsg, consumer, dedupKey rawBytes
+	name, messageID, reason, reasonMsg, consumer, dedupKey pgtype.DriverBytes
 	dest                                                   []any
 }
 
@@ -92,9 +95,9 @@ func newMsgRow() *msgRow {
 	return r
 }
 
-// scan reads the current row of rs (a query of msgCols).
-func (r *msgRow) scan(rs *rows) (queuecore.Message, error) {
-	if err := rs.Scan(r.dest...); err != nil {
+// scan reads the current row of rows (a query of msgCols).
+func (r *msgRow) scan(rows pgx.Rows) (queuecore.Message, error) {
+	if err := rows.Scan(r.dest...); err != nil {
 		return queuecore.Message{}, fmt.Errorf("read message: %w", err)
 	}
 	return queuecore.Message{
@@ -123,17 +126,17 @@ func (r *msgRow) scan(rs *rows) (queuecore.Message, error) {
 	}, nil
 }
 
-// collect reads every row of rs (a query of msgCols) and closes them.
-func collect(rs *rows) ([]queuecore.Message, error) {
-	defer rs.Close()
+// collect reads every row of rows (a query of msgCols) and closes them.
+func collect(rows pgx.Rows) ([]queuecore.Message, error) {
+	defer rows.Close()
 	var ms []queuecore.Message
 	r := newMsgRow()
-	for rs.Next() {
-		m, err := r.scan(rs)
+	for rows.Next() {
+		m, err := r.scan(rows)
 		if err != nil {
 			return nil, err
 		}
 		ms = append(ms, m)
 	}
-	return ms, rs.Err()
+	return ms, rows.Err()
 }

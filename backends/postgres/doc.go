@@ -1,11 +1,28 @@
 // Package postgres is the PostgreSQL store of yirangmq: a
 // queuecore.SharedStore that several daemons, on one host or several, use
 // at once. Open takes a libpq-style URL or key=value DSN
-// (postgres://user@host/db?sslmode=..., host=/run/postgresql dbname=mq);
-// pool_max_conns (the most connections the daemon opens at once, 16 by
-// default) may be added; pgxpool's other pool_* settings are ignored, with
-// a warning. The store speaks to the server through pgconn, the
-// wire-protocol layer of pgx, and its own pool and type mapping (pg.go).
+// (postgres://user@host/db?sslmode=..., host=/run/postgresql dbname=mq)
+// with pgx's and pgxpool's settings, which work as pgx documents them
+// (pool_max_conns, 16 here unless set; pool_max_conn_lifetime,
+// pool_health_check_period, default_query_exec_mode, ...), and one of its
+// own, session_url (below). The store talks to the server through
+// pgxpool: the pool, its health checks and connection lifetimes, and the
+// statement cache are pgx's.
+//
+// # Poolers (PgBouncer)
+//
+// The pool's work is transactions, each started by the statement of
+// txSettings, which sets synchronous_commit and the idle-in-transaction
+// timeout for that transaction alone: nothing is a startup parameter or a
+// session setting, so the store runs through a pooler in transaction mode
+// (PgBouncer's pool_mode=transaction) with a default_query_exec_mode that
+// prepares no named statement (cache_describe; PgBouncer 1.21 and later
+// with max_prepared_statements also takes pgx's default). Two things need
+// a session of their own, which such a pooler does not give: the
+// listener's LISTEN and the duty's session advisory lock. They connect
+// where session_url says (a connection string of its own, in either form,
+// percent-encoded in a URL), by default the store string itself: the
+// server, or a database of the pooler in session mode.
 //
 // # Schema (schema.go)
 //
@@ -33,7 +50,7 @@
 // # Writes (write.go)
 //
 // An Apply is one transaction and one round trip: its statements and the
-// notification are sent as one batch (one Sync), which PostgreSQL runs as one
+// notification are sent as one pgx batch, which PostgreSQL runs as one
 // implicit transaction, rolled back whole at the first error. An update or
 // delete that finds no row at its revision fails the batch with
 // ErrConflict (the message exists at another revision) or ErrNotFound; a
@@ -46,8 +63,8 @@
 //
 // # Sync modes
 //
-// SyncStrict, SyncFull and SyncNormal run with synchronous_commit=on (Op.NoSync
-// changes nothing here): a commit is on
+// SyncStrict, SyncFull and SyncNormal run their transactions with
+// synchronous_commit=on (Op.NoSync changes nothing here): a commit is on
 // the server's stable storage (and its synchronous standbys', if any)
 // before Apply returns. SyncOff runs with synchronous_commit=off: the
 // server acknowledges before its WAL flush, so a crash of the server (not
@@ -73,7 +90,7 @@
 // # Duty (duty.go)
 //
 // The timed work goes to the Store that holds a session advisory lock on
-// a connection of its own. Every second, a Store that does not hold it
+// a connection of its own (session_url). Every second, a Store that does not hold it
 // tries pg_try_advisory_lock; the holder runs SELECT 1, and when that
 // fails it drops the connection and Duty turns false at once. The server
 // releases the lock when the holder's session ends, however it ends: a
@@ -86,7 +103,10 @@
 // at the earliest), so two Stores do not both do the timed work; should
 // they ever (a server that refuses the settings above, and a holder whose
 // checks still pass), it stays safe to do twice: every change is checked
-// by revision.
+// by revision. Through a pooler in session mode the same holds: PgBouncer
+// resets the server session (server_reset_query, DISCARD ALL, which drops
+// advisory locks) when the holder's client connection ends, and the
+// server ends a server session that the holder stopped using.
 //
 // # When the database is unreachable
 //

@@ -3,6 +3,8 @@ package postgres
 import (
 	"context"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Duty timing: the holder checks its connection, and the others try the
@@ -29,7 +31,7 @@ func (s *Store) Duty() bool { return s.duty.Load() }
 
 // dutyState is what the duty goroutine keeps.
 type dutyState struct {
-	c       *conn // dedicated connection; holds the lock when held
+	c       *pgx.Conn // dedicated connection; holds the lock when held
 	held    bool
 	failing bool // the last connect failed (and was logged)
 }
@@ -58,7 +60,7 @@ func (s *Store) dutyLoop(ctx context.Context) {
 
 func (s *Store) dutyStep(ctx context.Context, d *dutyState) {
 	if d.c == nil {
-		c, err := s.connect(ctx, nil)
+		c, err := s.connect(ctx)
 		if err != nil {
 			if ctx.Err() == nil && !d.failing {
 				s.log.Warn("duty: cannot connect; retrying every second", logErr, err)

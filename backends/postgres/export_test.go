@@ -16,5 +16,6 @@ func openPlain(ctx context.Context, url string, opts backends.Options) (*Store, 
 		return nil, err
 	}
 	s.plain = true
+	s.txSettings += keepSeq
 	return s, nil
 }

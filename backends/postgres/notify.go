@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"yirangmq/queuecore"
@@ -37,6 +38,11 @@ const (
 	maxBackoff     = 5 * time.Second
 	reconnectNoise = time.Minute // while reconnecting, at most one warning per minute
 )
+
+// resyncWhileDeaf is how often a store whose listener is down tells its
+// subscribers that anything may have changed (reconnectListener); a
+// variable for the tests.
+var resyncWhileDeaf = 30 * time.Second
 
 // payload encodes changes from this store.
 func (s *Store) payload(changes []queuecore.Change) string {
@@ -145,19 +151,15 @@ func (s *Store) handle(payload string) {
 	}
 }
 
-// connectListener opens the listener's connection and LISTENs. The
-// notifications it receives are handled as they are read, on the
-// goroutine that reads them (receive's).
-func (s *Store) connectListener(ctx context.Context) (*conn, error) {
-	cfg := s.conf.Copy()
-	cfg.OnNotification = func(_ *pgconn.PgConn, n *pgconn.Notification) { s.handle(n.Payload) }
-	c, err := s.connect(ctx, cfg)
+// connectListener opens the listener's connection and LISTENs.
+func (s *Store) connectListener(ctx context.Context) (*pgx.Conn, error) {
+	c, err := s.connect(ctx)
 	if err != nil {
 		return nil, err
 	}
 	lctx, cancel := context.WithTimeout(ctx, pingTimeout)
 	defer cancel()
-	if _, err := c.Exec(lctx, "LISTEN "+quoteIdent(s.channel)); err != nil {
+	if _, err := c.Exec(lctx, "LISTEN "+pgx.Identifier{s.channel}.Sanitize()); err != nil {
 		closeConn(c)
 		return nil, err
 	}
@@ -167,7 +169,7 @@ func (s *Store) connectListener(ctx context.Context) (*conn, error) {
 // listenLoop delivers the notifications c receives until ctx is done. When
 // the connection fails it reconnects, with backoff, and then delivers a
 // resync: what was committed meanwhile was not heard.
-func (s *Store) listenLoop(ctx context.Context, c *conn) {
+func (s *Store) listenLoop(ctx context.Context, c *pgx.Conn) {
 	for {
 		err := s.receive(ctx, c)
 		closeConn(c)
@@ -183,12 +185,12 @@ func (s *Store) listenLoop(ctx context.Context, c *conn) {
 	}
 }
 
-// receive waits for notifications on c, which handles them, until c
-// fails or ctx is done.
-func (s *Store) receive(ctx context.Context, c *conn) error {
+// receive waits for notifications on c and handles them, until c fails or
+// ctx is done.
+func (s *Store) receive(ctx context.Context, c *pgx.Conn) error {
 	for {
 		wctx, cancel := context.WithTimeout(ctx, listenPing)
-		err := c.pg.WaitForNotification(wctx)
+		n, err := c.WaitForNotification(wctx)
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
@@ -203,16 +205,33 @@ func (s *Store) receive(ctx context.Context, c *conn) error {
 			if err != nil {
 				return fmt.Errorf("ping: %w", err)
 			}
+			continue
+		}
+		if n != nil {
+			s.handle(n.Payload)
 		}
 	}
 }
 
 // reconnectListener connects again, with exponential backoff, until it
-// succeeds (nil once ctx is done).
-func (s *Store) reconnectListener(ctx context.Context) *conn {
+// succeeds (nil once ctx is done). Meanwhile it delivers a resync every
+// resyncWhileDeaf while the database answers the pool: the core polls for
+// ready messages by itself, but it learns of queues made, changed or
+// deleted by other daemons only from hints and resyncs (the duty holder
+// alone reloads them on a timer), so a daemon whose listener cannot
+// reconnect (its session_url unreachable while the pool works) would
+// otherwise never see them.
+func (s *Store) reconnectListener(ctx context.Context) *pgx.Conn {
 	delay := 100 * time.Millisecond
 	lastWarn := time.Now() // listenLoop has just warned
+	lastResync := time.Now()
 	for {
+		if time.Since(lastResync) >= resyncWhileDeaf {
+			lastResync = time.Now()
+			if !s.down.Load() {
+				s.deliver(queuecore.Change{})
+			}
+		}
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"yirangmq/queuecore"
 )
 
@@ -43,18 +45,18 @@ func (s *Store) Queues(ctx context.Context) ([]queuecore.QueueInfo, error) {
 	defer done()
 	ctx, cancel := readCtx(ctx, callTimeout)
 	defer cancel()
-	rs, err := s.pool.Query(ctx, sqlQueues)
+	rows, err := s.pool.Query(ctx, sqlQueues)
 	if err != nil {
 		return nil, fmt.Errorf("list queues: %w", err)
 	}
-	defer rs.Close()
+	defer rows.Close()
 	var qs []queuecore.QueueInfo
-	for rs.Next() {
+	for rows.Next() {
 		var (
 			q                      queuecore.QueueInfo
 			uid, gid, mode, nanosT int64
 		)
-		if err := rs.Scan(&q.Name, &q.Policy, &uid, &gid, &mode, &nanosT); err != nil {
+		if err := rows.Scan(&q.Name, &q.Policy, &uid, &gid, &mode, &nanosT); err != nil {
 			return nil, fmt.Errorf("list queues: read queue %q: %w", q.Name, err)
 		}
 		if q.Policy == nil {
@@ -63,7 +65,7 @@ func (s *Store) Queues(ctx context.Context) ([]queuecore.QueueInfo, error) {
 		q.UID, q.GID, q.Mode, q.CreatedAt = uint32(uid), uint32(gid), uint32(mode), fromNanos(nanosT)
 		qs = append(qs, q)
 	}
-	if err := rs.Err(); err != nil {
+	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("list queues: %w", err)
 	}
 	return qs, nil
@@ -95,11 +97,11 @@ func (s *Store) lookup(ctx context.Context, queue, name string, archived bool) (
 	if archived {
 		q = sqlLookupArch
 	}
-	rs, err := s.pool.Query(ctx, q, queue, []byte(name))
+	rows, err := s.pool.Query(ctx, q, queue, []byte(name))
 	if err != nil {
 		return queuecore.Message{}, err
 	}
-	ms, err := collect(rs)
+	ms, err := collect(rows)
 	if err != nil {
 		return queuecore.Message{}, err
 	}
@@ -120,7 +122,7 @@ func (s *Store) Body(ctx context.Context, id uint64) ([]byte, error) {
 	defer cancel()
 	var b []byte
 	err = s.pool.QueryRow(ctx, sqlBody, int64(id)).Scan(&b)
-	if errors.Is(err, errNoRows) {
+	if errors.Is(err, pgx.ErrNoRows) {
 		err = queuecore.ErrNotFound
 	}
 	if err != nil {
@@ -179,16 +181,16 @@ func (s *Store) listChunk(ctx context.Context, queue string, state queuecore.Sta
 	defer done()
 	ctx, cancel := readCtx(ctx, callTimeout)
 	defer cancel()
-	var rs *rows
+	var rows pgx.Rows
 	if after == nil {
-		rs, err = s.pool.Query(ctx, sqlList, queue, int16(state), limit)
+		rows, err = s.pool.Query(ctx, sqlList, queue, int16(state), limit)
 	} else {
-		rs, err = s.pool.Query(ctx, sqlListAfter, queue, int16(state), after.SortKey(), int64(after.Seq), int64(after.ID), limit)
+		rows, err = s.pool.Query(ctx, sqlListAfter, queue, int16(state), after.SortKey(), int64(after.Seq), int64(after.ID), limit)
 	}
 	if err != nil {
 		return nil, err
 	}
-	return collect(rs)
+	return collect(rows)
 }
 
 // Due returns up to limit leased or delayed messages due at t, earliest
@@ -204,11 +206,11 @@ func (s *Store) Due(ctx context.Context, t time.Time, limit int) ([]queuecore.Me
 	defer done()
 	ctx, cancel := readCtx(ctx, callTimeout)
 	defer cancel()
-	rs, err := s.pool.Query(ctx, sqlDue, nanos(t), limit)
+	rows, err := s.pool.Query(ctx, sqlDue, nanos(t), limit)
 	if err != nil {
 		return nil, fmt.Errorf("due messages: %w", err)
 	}
-	ms, err := collect(rs)
+	ms, err := collect(rows)
 	if err != nil {
 		return nil, fmt.Errorf("due messages: %w", err)
 	}
@@ -226,7 +228,7 @@ func (s *Store) NextDue(ctx context.Context) (time.Time, bool, error) {
 	defer cancel()
 	var n int64
 	err = s.pool.QueryRow(ctx, sqlNextDue).Scan(&n)
-	if errors.Is(err, errNoRows) {
+	if errors.Is(err, pgx.ErrNoRows) {
 		return time.Time{}, false, nil
 	}
 	if err != nil {
@@ -245,19 +247,19 @@ func (s *Store) Counts(ctx context.Context) (map[string]map[queuecore.State]queu
 	defer done()
 	ctx, cancel := readCtx(ctx, scanTimeout)
 	defer cancel()
-	rs, err := s.pool.Query(ctx, sqlCounts)
+	rows, err := s.pool.Query(ctx, sqlCounts)
 	if err != nil {
 		return nil, fmt.Errorf("count messages: %w", err)
 	}
-	defer rs.Close()
+	defer rows.Close()
 	out := map[string]map[queuecore.State]queuecore.Count{}
-	for rs.Next() {
+	for rows.Next() {
 		var (
 			q     string
 			st    int16
 			n, sz int64
 		)
-		if err := rs.Scan(&q, &st, &n, &sz); err != nil {
+		if err := rows.Scan(&q, &st, &n, &sz); err != nil {
 			return nil, fmt.Errorf("count messages: %w", err)
 		}
 		if out[q] == nil {
@@ -265,7 +267,7 @@ func (s *Store) Counts(ctx context.Context) (map[string]map[queuecore.State]queu
 		}
 		out[q][queuecore.State(st)] = queuecore.Count{N: n, Bytes: sz}
 	}
-	if err := rs.Err(); err != nil {
+	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("count messages: %w", err)
 	}
 	return out, nil

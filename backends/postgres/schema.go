@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // schemaVersion is yirangmq_meta.version of a database this package writes.
@@ -164,7 +166,7 @@ const (
 // database must not both run CREATE (CREATE ... IF NOT EXISTS still races
 // in the catalogs). The tables go to the first schema of the search_path
 // that exists (current_schema()), which it returns.
-func migrate(ctx context.Context, c *conn) (schemaName string, err error) {
+func migrate(ctx context.Context, c *pgx.Conn) (schemaName string, err error) {
 	var cur *string
 	if err := c.QueryRow(ctx, "SELECT current_schema()").Scan(&cur); err != nil {
 		return "", err
@@ -175,11 +177,12 @@ func migrate(ctx context.Context, c *conn) (schemaName string, err error) {
 	return *cur, migrateTables(ctx, c)
 }
 
-func migrateTables(ctx context.Context, tx *conn) error {
-	if _, err := tx.Exec(ctx, "BEGIN"); err != nil {
+func migrateTables(ctx context.Context, c *pgx.Conn) error {
+	tx, err := c.Begin(ctx)
+	if err != nil {
 		return err
 	}
-	defer rollback(tx) // after COMMIT, nothing to do
+	defer tx.Rollback(context.Background()) //nolint:errcheck // after Commit it is a no-op
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", schemaLockKey); err != nil {
 		return fmt.Errorf("take the schema lock: %w", err)
 	}
@@ -191,15 +194,14 @@ func migrateTables(ctx context.Context, tx *conn) error {
 	if exists {
 		var v int
 		if err := tx.QueryRow(ctx, "SELECT version FROM yirangmq_meta").Scan(&v); err != nil {
-			if errors.Is(err, errNoRows) {
+			if errors.Is(err, pgx.ErrNoRows) {
 				return errors.New("yirangmq_meta is empty: the schema was damaged by hand")
 			}
 			return fmt.Errorf("read schema version: %w", err)
 		}
 		switch {
 		case v == schemaVersion:
-			_, err := tx.Exec(ctx, "COMMIT")
-			return err
+			return tx.Commit(ctx)
 		case v > schemaVersion:
 			return fmt.Errorf("schema version %d is newer than this yirangmq supports (%d)", v, schemaVersion)
 		}
@@ -208,6 +210,5 @@ func migrateTables(ctx context.Context, tx *conn) error {
 	if _, err := tx.Exec(ctx, schema); err != nil {
 		return fmt.Errorf("create tables: %w", err)
 	}
-	_, err := tx.Exec(ctx, "COMMIT")
-	return err
+	return tx.Commit(ctx)
 }

@@ -8,15 +8,14 @@ import (
 	"fmt"
 	"log/slog"
 	neturl "net/url"
-	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"yirangmq/backends"
 	"yirangmq/queuecore"
@@ -33,8 +32,8 @@ const (
 	// which the core makes once at start.
 	scanTimeout = 2 * time.Minute
 	// defaultMaxConns is the pool size unless the URL sets pool_max_conns:
-	// a daemon's calls mostly wait on the network, so it has more
-	// connections than CPUs.
+	// pgxpool's default (the number of CPUs, at least 4) is small for a
+	// daemon whose calls mostly wait on the network.
 	defaultMaxConns = 16
 )
 
@@ -49,10 +48,15 @@ var errClosed = errors.New("postgres store is closed")
 
 // Store is a queuecore.SharedStore kept in a PostgreSQL database.
 type Store struct {
-	pool   *pool
-	conf   *pgconn.Config // for the dedicated connections of the listener and duty
-	log    *slog.Logger
-	origin string // random, in every notification this store sends
+	pool *pgxpool.Pool
+	// session is the configuration of the listener's and the duty's
+	// connections, which need a session of their own (sessionKey).
+	session *pgx.ConnConfig
+	log     *slog.Logger
+	origin  string // random, in every notification this store sends
+	// txSettings is the statement that starts every write transaction
+	// (see txSettings).
+	txSettings string
 	// channel and dutyKey depend on the schema of the tables (storeNames).
 	channel string
 	dutyKey int64
@@ -77,77 +81,76 @@ type Store struct {
 	closeOnce sync.Once
 }
 
-// sessionSettings are set on every connection of the pool (see Open).
-var sessionSettings = map[string]string{
-	"idle_in_transaction_session_timeout": "15s",
-	"tcp_keepalives_idle":                 "5",
-	"tcp_keepalives_interval":             "2",
-	"tcp_keepalives_count":                "3",
-}
+// sessionKey is the setting of the store string that names where the
+// listener of change hints and the duty connect: a connection string of
+// its own, in either form (by default the store string itself). LISTEN
+// and the duty's session advisory lock need a session of their own,
+// which a pooler in transaction mode (PgBouncer's pool_mode=transaction)
+// does not give: through one, name the server itself or a database of
+// the pooler in session mode (docs/multihost.md). It is taken out of the
+// store string before pgx reads it; the server never sees it.
+const sessionKey = "session_url"
+
+// idleInTxTimeout is how long the server keeps a session idle in a
+// transaction of this store before it ends it (see txSettings), unless
+// the store string sets idle_in_transaction_session_timeout.
+const idleInTxTimeout = "15s"
 
 // Open connects to the database at url (a postgres:// URL or a key=value
-// DSN, as libpq takes them; pool_max_conns may be added) and creates the
-// schema if it is missing. It starts the listener of change hints and the
-// duty goroutine.
+// DSN, as libpq takes them; pgx's and pgxpool's settings, such as
+// pool_max_conns or default_query_exec_mode, and session_url may be
+// added) and creates the schema if it is missing. It starts the listener
+// of change hints and the duty goroutine.
 func Open(ctx context.Context, url string, opts backends.Options) (*Store, error) {
-	cc, err := pgconn.ParseConfig(url)
+	cfg, err := parseConfig(url)
 	if err != nil {
-		// pgx's own text quotes the connection string; say it redacted.
-		msg := "invalid connection string"
-		if inner := errors.Unwrap(err); inner != nil {
-			msg = inner.Error()
+		return nil, fmt.Errorf("open postgres store: %w", err)
+	}
+	cc := cfg.ConnConfig
+	session := cc.Copy()
+	if su, ok := cc.RuntimeParams[sessionKey]; ok {
+		delete(cc.RuntimeParams, sessionKey)
+		sc, err := parseConfig(su)
+		if err != nil {
+			return nil, fmt.Errorf("open postgres store: %s: %w", sessionKey, err)
 		}
-		var ue *neturl.Error // its text quotes the URL, password and all
-		if errors.As(err, &ue) {
-			msg = ue.Err.Error()
+		if _, nested := sc.ConnConfig.RuntimeParams[sessionKey]; nested {
+			return nil, fmt.Errorf("open postgres store: %s: it has a %s of its own", sessionKey, sessionKey)
 		}
-		return nil, fmt.Errorf("open postgres store: cannot parse %s: %s", Redact(url), msg)
+		session = sc.ConnConfig
 	}
-	maxConns, ignored, err := poolSettings(cc.RuntimeParams)
-	if err != nil {
-		return nil, fmt.Errorf("open postgres store: %s: %w", Redact(url), err)
-	}
-	if cc.ConnectTimeout == 0 || cc.ConnectTimeout > connectTimeout {
-		cc.ConnectTimeout = connectTimeout
-	}
-	// synchronous_commit: a commit is on stable storage (full, normal)
-	// or only written (off: it survives a crash of yirangmq, which is all
-	// off promises, but not one of the database server).
-	cc.RuntimeParams["synchronous_commit"] = "on"
-	if opts.Sync == queuecore.SyncOff {
-		cc.RuntimeParams["synchronous_commit"] = "off"
-	}
-	// A daemon cut off in the middle of a transaction (LeaseNext holds a
-	// row lock between its two round trips) must not keep its locks until
-	// the server's TCP keepalive notices, hours later by default: the
-	// server ends a session idle in a transaction for 15 s, and probes a
-	// silent peer after 5 s. Set unless the URL sets them.
-	for k, v := range sessionSettings {
-		if _, ok := cc.RuntimeParams[k]; !ok {
-			cc.RuntimeParams[k] = v
+	delete(session.RuntimeParams, sessionKey)
+	for _, c := range []*pgx.ConnConfig{cc, session} {
+		if c.ConnectTimeout == 0 || c.ConnectTimeout > connectTimeout {
+			c.ConnectTimeout = connectTimeout
+		}
+		if _, ok := c.RuntimeParams["application_name"]; !ok {
+			name := "yirangmq"
+			if opts.Holder != "" {
+				name += ": " + opts.Holder
+			}
+			c.RuntimeParams["application_name"] = truncate(name, 63)
 		}
 	}
-	if _, ok := cc.RuntimeParams["application_name"]; !ok {
-		name := "yirangmq"
-		if opts.Holder != "" {
-			name += ": " + opts.Holder
-		}
-		cc.RuntimeParams["application_name"] = truncate(name, 63)
+	if !hasSetting(url, "pool_max_conns") {
+		cfg.MaxConns = defaultMaxConns
 	}
 	origin := make([]byte, 8)
 	_, _ = rand.Read(origin) // never fails (crypto/rand)
 	s := &Store{
-		conf:   cc,
-		pool:   newPool(cc, maxConns),
-		log:    opts.Log().With("store", "postgres"),
-		origin: hex.EncodeToString(origin),
+		session: session,
+		log:     opts.Log().With("store", "postgres"),
+		origin:  hex.EncodeToString(origin),
 	}
-	if len(ignored) > 0 {
-		s.log.Warn("connection string settings ignored: the store's own pool does not use them", "settings", strings.Join(ignored, ","))
-	}
+	_, setsIdle := cc.RuntimeParams["idle_in_transaction_session_timeout"]
+	s.txSettings = txSettings(opts.Sync, !setsIdle)
 
 	openCtx, cancel := context.WithTimeout(ctx, 2*connectTimeout)
 	defer cancel()
+	s.pool, err = pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open postgres store: %w", err)
+	}
 	fail := func(what string, err error) (*Store, error) {
 		s.pool.Close()
 		return nil, fmt.Errorf("open postgres store %s: %s: %w", describe(cc), what, err)
@@ -156,7 +159,7 @@ func Open(ctx context.Context, url string, opts backends.Options) (*Store, error
 	if err != nil {
 		return fail("connect", err)
 	}
-	schemaName, err := migrate(openCtx, c.conn)
+	schemaName, err := migrate(openCtx, c.Conn())
 	c.Release()
 	if err != nil {
 		return fail("schema", err)
@@ -166,7 +169,7 @@ func Open(ctx context.Context, url string, opts backends.Options) (*Store, error
 	// other daemons commit after Open reaches Subscribe.
 	lc, err := s.connectListener(openCtx)
 	if err != nil {
-		return fail("listen for changes", err)
+		return fail("listen for changes (on "+describe(session)+")", err)
 	}
 	bg, stop := context.WithCancel(context.Background())
 	s.stop = stop
@@ -180,6 +183,67 @@ func Open(ctx context.Context, url string, opts backends.Options) (*Store, error
 		s.dutyLoop(bg)
 	}()
 	return s, nil
+}
+
+// parseConfig reads a store string as pgxpool does, and says what is
+// wrong with one it cannot read without quoting it (it may hold a
+// password).
+func parseConfig(url string) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err == nil {
+		return cfg, nil
+	}
+	// pgx's own text quotes the connection string; say it redacted.
+	msg := "invalid connection string"
+	if inner := errors.Unwrap(err); inner != nil {
+		msg = inner.Error()
+	}
+	var ue *neturl.Error // its text quotes the URL, password and all
+	if errors.As(err, &ue) {
+		msg = ue.Err.Error()
+	}
+	return nil, fmt.Errorf("cannot parse %s: %s", Redact(url), msg)
+}
+
+// hasSetting reports whether the store string sets key (the URL's query
+// or a key=value pair), so that a default of pgxpool's can be told from
+// a value the user gave.
+func hasSetting(conn, key string) bool {
+	found := false
+	walkSettings(conn, func(k, _ string) {
+		found = found || k == key
+	})
+	return found
+}
+
+// txSettings is the statement that opens every write transaction of the
+// store: the settings it needs, made local to the transaction. They are
+// not session settings (startup parameters or SET), because a pooler in
+// transaction mode hands each transaction to any of its server sessions:
+// PgBouncer refuses unknown startup parameters, and a SET would stay on
+// the server session for the next client. Per transaction they hold
+// whatever sits between the store and the server, and cost one more
+// statement in a round trip that is sent anyway.
+//
+//   - synchronous_commit: a commit is on stable storage (full, normal)
+//     or only written (off: it survives a crash of yirangmq, which is all
+//     off promises, but not one of the database server).
+//   - idle_in_transaction_session_timeout: a daemon cut off in the middle
+//     of a transaction (LeaseNext holds a row lock between its two round
+//     trips) must not keep its locks until the server's TCP keepalive
+//     notices, hours later by default: the server ends the session once
+//     it is idle in the transaction for 15 s (unless the store string
+//     sets it).
+func txSettings(sync queuecore.SyncMode, idle bool) string {
+	commit := "on"
+	if sync == queuecore.SyncOff {
+		commit = "off"
+	}
+	q := "SELECT set_config('synchronous_commit', '" + commit + "', true)"
+	if idle {
+		q += ", set_config('idle_in_transaction_session_timeout', '" + idleInTxTimeout + "', true)"
+	}
+	return q
 }
 
 // Close stops the listener and the duty goroutine (releasing duty), waits
@@ -222,51 +286,24 @@ func readCtx(ctx context.Context, d time.Duration) (context.Context, context.Can
 	return context.WithTimeout(context.WithoutCancel(ctx), d)
 }
 
-// poolSettings takes the pool's settings out of the runtime parameters
-// that pgconn.ParseConfig left (it would send them to the server, which
-// refuses names it does not know): pool_max_conns, and the names of the
-// settings of pgx's own pool and connection, which are ignored.
-func poolSettings(params map[string]string) (maxConns int, ignored []string, err error) {
-	maxConns = defaultMaxConns
-	if v, ok := params["pool_max_conns"]; ok {
-		delete(params, "pool_max_conns")
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			return 0, nil, fmt.Errorf("pool_max_conns=%q: want a positive whole number", v)
-		}
-		maxConns = n
-	}
-	for k := range params {
-		if strings.HasPrefix(k, "pool_") || k == "statement_cache_capacity" || k == "description_cache_capacity" || k == "default_query_exec_mode" {
-			delete(params, k)
-			ignored = append(ignored, k)
-		}
-	}
-	slices.Sort(ignored)
-	return maxConns, ignored, nil
-}
-
-// connect opens a dedicated connection (listener, duty), outside the pool,
-// with cfg (s.conf if nil).
-func (s *Store) connect(ctx context.Context, cfg *pgconn.Config) (*conn, error) {
+// connect opens a session of its own (listener, duty), outside the pool,
+// where session_url says.
+func (s *Store) connect(ctx context.Context) (*pgx.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
-	if cfg == nil {
-		cfg = s.conf
-	}
-	return dial(ctx, cfg)
+	return pgx.ConnectConfig(ctx, s.session)
 }
 
-// closeConn closes a connection without waiting long for a server that is
-// gone.
-func closeConn(c *conn) {
+// closeConn closes a dedicated connection without waiting long for a
+// server that is gone.
+func closeConn(c *pgx.Conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_ = c.Close(ctx)
 }
 
 // describe names the database of cc for error messages, without password.
-func describe(cc *pgconn.Config) string {
+func describe(cc *pgx.ConnConfig) string {
 	return fmt.Sprintf("%s@%s:%d/%s", cc.User, cc.Host, cc.Port, cc.Database)
 }
 

@@ -132,9 +132,13 @@ func TestOpenForms(t *testing.T) {
 	if qs, err := s2.Queues(ctx); err != nil || len(qs) != 1 || qs[0].Name != "q" {
 		t.Errorf("Queues over TCP = %v, %v", qs, err)
 	}
-	var mode string
-	if err := s2.pool.QueryRow(ctx, "SHOW synchronous_commit").Scan(&mode); err != nil || mode != "off" {
-		t.Errorf("synchronous_commit with SyncOff = %q, %v; want off", mode, err)
+	for _, c := range []struct {
+		s    *Store
+		want string
+	}{{s1, "on"}, {s2, "off"}} {
+		if got := txSetting(t, c.s, "synchronous_commit"); got != c.want {
+			t.Errorf("synchronous_commit in a transaction of the store = %q, want %q", got, c.want)
+		}
 	}
 
 	for _, url := range []string{"postgres://%zz", "host=" + t.TempDir() + " port=1 user=x dbname=y connect_timeout=1",
@@ -289,6 +293,12 @@ func (l *changeLog) add(c queuecore.Change) {
 	l.mu.Lock()
 	l.cs = append(l.cs, c)
 	l.mu.Unlock()
+}
+
+func (l *changeLog) get() []queuecore.Change {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.cs)
 }
 
 // waitFor waits until l has heard c.

@@ -7,7 +7,9 @@ import (
 	"slices"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"yirangmq/queuecore"
 )
@@ -38,9 +40,10 @@ const (
 	// sqlReserve hands out the block [next_id, next_id+n) and never one
 	// below an ID in the table (given to Apply by a caller that did not
 	// reserve it).
-	// sqlKeepSeq makes the delete trigger of this transaction keep the
-	// largest Seq too, for MaxID (plain mode only; see schema.go).
-	sqlKeepSeq = `SELECT set_config('yirangmq.keep_seq', 'on', true)`
+	// keepSeq, added to txSettings, makes the delete trigger of each
+	// transaction keep the largest Seq too, for MaxID (plain mode only;
+	// see schema.go).
+	keepSeq    = `, set_config('yirangmq.keep_seq', 'on', true)`
 	sqlReserve = `UPDATE yirangmq_meta SET next_id = greatest(next_id,
 	(SELECT coalesce(max(id), 0) + 1 FROM yirangmq_messages)) + $1 RETURNING next_id - $1`
 	sqlLeaseSelect = `SELECT ` + msgCols + ` FROM yirangmq_messages
@@ -53,7 +56,7 @@ const (
 const maxAttempts = 3
 
 // Apply commits ops atomically: the statements of all ops and the
-// notification go to the server in one round trip (a batch: one
+// notification go to the server in one round trip (a pgx batch: one
 // pipeline ending in one Sync, which PostgreSQL runs as one implicit
 // transaction, rolled back whole at the first error). Updates and deletes
 // check the revision (see SharedStore). It does not keep ops after it
@@ -62,7 +65,9 @@ func (s *Store) Apply(ctx context.Context, ops []queuecore.Op) error {
 	if len(ops) == 0 {
 		return nil
 	}
-	// Check the ops once, then build the batch anew for every try.
+	// Check the ops once, then build the batch anew for every try: pgx
+	// keeps what it prepared on the batch's statements, which another
+	// connection of the pool does not have.
 	for i := range ops {
 		if k := ops[i].Kind; k != queuecore.OpInsert && k != queuecore.OpUpdate && k != queuecore.OpDelete {
 			return fmt.Errorf("apply: op %d: unknown kind %d", i, k)
@@ -93,8 +98,8 @@ func (s *Store) Apply(ctx context.Context, ops []queuecore.Op) error {
 		return nil
 	}
 	err = s.diskFull(err)
-	if s.plain && failed >= 0 {
-		failed-- // the batch's first statement is sqlKeepSeq
+	if failed >= 0 {
+		failed-- // the batch's first statement is txSettings
 	}
 	if failed >= 0 && failed < len(ops) {
 		return fmt.Errorf("apply: %s: %w", describeOp(&ops[failed]), opError(&ops[failed], err))
@@ -118,14 +123,11 @@ func (s *Store) committed(ops []queuecore.Op) bool {
 	return err == nil && found
 }
 
-// applyBatch is the batch of an Apply: its statements, in order, then the
-// notification (and, in plain mode, first the setting that makes the
-// delete trigger keep Seqs too).
-func (s *Store) applyBatch(ops []queuecore.Op) *batch {
-	b := &batch{}
-	if s.plain {
-		b.Queue(sqlKeepSeq)
-	}
+// applyBatch is the batch of an Apply: the transaction's settings, its
+// statements, in order, then the notification.
+func (s *Store) applyBatch(ops []queuecore.Op) *pgx.Batch {
+	b := &pgx.Batch{}
+	b.Queue(s.txSettings)
 	changes := make([]queuecore.Change, 0, len(ops))
 	for i := range ops {
 		op := &ops[i]
@@ -163,17 +165,17 @@ func (s *Store) revisions(rev uint64) (check any, next int64) {
 
 // batchRunner is a pool or a connection.
 type batchRunner interface {
-	SendBatch(ctx context.Context, b *batch) *batchResults
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 var (
-	_ batchRunner = (*pool)(nil)
-	_ batchRunner = (*conn)(nil)
+	_ batchRunner = (*pgxpool.Pool)(nil)
+	_ batchRunner = (*pgxpool.Conn)(nil)
 )
 
 // execBatch runs b and returns the index of the statement that failed
 // (-1 if none, or if the batch failed as a whole).
-func execBatch(ctx context.Context, r batchRunner, b *batch) (int, error) {
+func execBatch(ctx context.Context, r batchRunner, b *pgx.Batch) (int, error) {
 	br := r.SendBatch(ctx, b)
 	for i := range b.Len() {
 		if _, err := br.Exec(); err != nil {
@@ -297,7 +299,16 @@ func (s *Store) queueExec(ctx context.Context, what, name string, none error, sq
 	args = append(args, s.channel, s.payload([]queuecore.Change{{Queue: name}}))
 	var tag pgconn.CommandTag
 	err = retry(func() (err error) {
-		tag, err = s.pool.Exec(ctx, sql, args...)
+		b := &pgx.Batch{}
+		b.Queue(s.txSettings)
+		b.Queue(sql, args...)
+		br := s.pool.SendBatch(ctx, b)
+		if _, err = br.Exec(); err == nil {
+			tag, err = br.Exec()
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
 		return err
 	})
 	s.noteOutage(err)
@@ -327,9 +338,12 @@ func (s *Store) DeleteEmptyQueue(ctx context.Context, name string) error {
 	defer cancel()
 	payload := s.payload([]queuecore.Change{{Queue: name}})
 	err = retry(func() error {
-		return beginFunc(ctx, s.pool, func(tx *conn) error {
+		return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, s.txSettings); err != nil {
+				return err
+			}
 			var one int
-			if err := tx.QueryRow(ctx, `SELECT 1 FROM yirangmq_queues WHERE name = $1 FOR UPDATE`, name).Scan(&one); errors.Is(err, errNoRows) {
+			if err := tx.QueryRow(ctx, `SELECT 1 FROM yirangmq_queues WHERE name = $1 FOR UPDATE`, name).Scan(&one); errors.Is(err, pgx.ErrNoRows) {
 				return queuecore.ErrNotFound
 			} else if err != nil {
 				return err
@@ -367,7 +381,18 @@ func (s *Store) ReserveIDs(ctx context.Context, n int) (uint64, error) {
 	defer cancel()
 	var first int64
 	err = retry(func() error {
-		return s.pool.QueryRow(ctx, sqlReserve, int64(n)).Scan(&first)
+		b := &pgx.Batch{}
+		b.Queue(s.txSettings)
+		b.Queue(sqlReserve, int64(n))
+		br := s.pool.SendBatch(ctx, b)
+		_, err := br.Exec()
+		if err == nil {
+			err = br.QueryRow().Scan(&first)
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		return err
 	})
 	if err != nil {
 		return 0, fmt.Errorf("reserve %d IDs: %w", n, err)
@@ -434,32 +459,36 @@ func (s *Store) leaseOnce(ctx context.Context, queue string, skip [][]byte, chan
 	// change) is closed by the pool on release, which rolls it back.
 	defer c.Release()
 
-	b := &batch{}
+	b := &pgx.Batch{}
 	b.Queue("BEGIN")
+	b.Queue(s.txSettings)
 	b.Queue(sqlLeaseSelect, queue, skip)
 	br := c.SendBatch(ctx, b)
 	var ms []queuecore.Message
 	if _, err = br.Exec(); err == nil {
-		var rs *rows
-		if rs, err = br.Query(); err == nil {
-			ms, err = collect(rs)
+		_, err = br.Exec()
+	}
+	if err == nil {
+		var rows pgx.Rows
+		if rows, err = br.Query(); err == nil {
+			ms, err = collect(rows)
 		}
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		rollback(c.conn)
+		rollback(c)
 		return queuecore.Message{}, false, err
 	}
 	if len(ms) == 0 {
-		rollback(c.conn)
+		rollback(c)
 		return queuecore.Message{}, false, queuecore.ErrEmpty
 	}
 	old := ms[0]
 	m := change(old)
 	if m.ID != old.ID {
-		rollback(c.conn)
+		rollback(c)
 		return queuecore.Message{}, true, fmt.Errorf("change turned message %d into message %d", old.ID, m.ID)
 	}
 	check, rev := s.revisions(m.Rev)
@@ -467,13 +496,13 @@ func (s *Store) leaseOnce(ctx context.Context, queue string, skip [][]byte, chan
 	if m.Queue != old.Queue || m.Name != old.Name {
 		changes = []queuecore.Change{{Queue: old.Queue, Name: old.Name, From: old.State}, {Queue: m.Queue, Name: m.Name, To: m.State}}
 	}
-	b = &batch{}
+	b = &pgx.Batch{}
 	b.Queue(sqlUpdate, append(msgArgs(&m, 2), check, rev)...)
 	b.Queue(sqlNotify, s.channel, s.payload(changes))
 	b.Queue("COMMIT")
-	failed, err := execBatch(ctx, c.conn, b)
+	failed, err := execBatch(ctx, c, b)
 	if err != nil {
-		rollback(c.conn)
+		rollback(c)
 		if failed == 0 {
 			op := queuecore.Op{Kind: queuecore.OpUpdate, Msg: m, From: old.State}
 			err = fmt.Errorf("%s: %w", describeOp(&op), opError(&op, err))
@@ -484,15 +513,14 @@ func (s *Store) leaseOnce(ctx context.Context, queue string, skip [][]byte, chan
 	return m, true, nil
 }
 
-// rollback ends the transaction open on c, if any; a connection that
-// cannot is closed (the server then rolls back).
-func rollback(c *conn) {
-	if c.pg.TxStatus() == 'I' || c.IsClosed() {
+// rollback ends the transaction open on c, if any. A connection where it
+// fails stays in its transaction, and pgxpool closes it when it is
+// released, in the background (the server then rolls back).
+func rollback(c *pgxpool.Conn) {
+	if c.Conn().PgConn().TxStatus() == 'I' || c.Conn().IsClosed() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := c.Exec(ctx, "ROLLBACK"); err != nil {
-		closeConn(c)
-	}
+	_, _ = c.Exec(ctx, "ROLLBACK")
 }

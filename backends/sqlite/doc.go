@@ -31,15 +31,11 @@
 //
 // # Reads (reader.go)
 //
-// A small pool of read-only connections. In WAL mode a reader is never
-// blocked by the writer: a Lookup for one queue does not wait for another
-// queue's fsync. Every read is one statement, hence one read transaction,
-// which starts after every Apply that has returned. The short reads the
-// core makes per operation (Lookup, Body, NextDue and the first messages
-// of a List) run on the writer's connection instead when no commit is in
-// flight or queued: SQLite keeps that connection's page cache across its
-// own commits, while a reader's is dropped at every commit, so they fetch
-// no page again.
+// Through database/sql: its pool of read-only connections and its
+// prepared statements. In WAL mode a reader is never blocked by the
+// writer: a Lookup for one queue does not wait for another queue's fsync.
+// Every read is one statement, hence one read transaction, which starts
+// after every Apply that has returned.
 //
 // # System calls (vfs.go)
 //

@@ -12,6 +12,14 @@ import (
 	"yirangmq/queuecore"
 )
 
+// lazySync is infrastructure of the store's own beside SQLite, and stays
+// for a guarantee SQLite cannot give: in SyncFull a publish (any batch
+// but queuecore.Op.NoSync ops) is on stable storage before it returns,
+// while leases and acks need not wait for an fsync. SQLite's
+// synchronous setting is per connection, not per commit: FULL syncs
+// every commit (a lease as dear as a publish), NORMAL none (a publish
+// that returned could be lost with the power).
+//
 // In SyncFull the writer runs with PRAGMA synchronous = NORMAL: a commit's
 // WAL frames reach the kernel before it returns, so a killed daemon loses
 // nothing, and the store syncs the WAL itself, through a descriptor of its

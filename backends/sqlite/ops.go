@@ -72,7 +72,7 @@ func (s *Store) Queues(context.Context) ([]queuecore.QueueInfo, error) {
 // Lookup finds a queue's live (or archived) message by name.
 func (s *Store) Lookup(_ context.Context, queue, name string, archived bool) (queuecore.Message, error) {
 	var m queuecore.Message
-	err := s.readPoint(func(r *reader, _ bool) error {
+	err := s.read(func(r *reader) error {
 		r.args[0].Value = queue
 		r.args[1].Value = name
 		st := r.lookup[0]
@@ -107,7 +107,7 @@ func (s *Store) Body(_ context.Context, id uint64) ([]byte, error) {
 	var body []byte
 	var inFile bool
 	var size int64
-	err := s.readPoint(func(r *reader, _ bool) error {
+	err := s.read(func(r *reader) error {
 		r.args[0].Value = int64(id)
 		dest := r.dest[:2]
 		found, err := r.one(r.body, 1, dest)
@@ -137,84 +137,22 @@ func (s *Store) Body(_ context.Context, id uint64) ([]byte, error) {
 	return body, nil
 }
 
-// listChunk is how many messages List reads on the writer's connection
-// before it lets the writer go: the core's lease wants the first ready
-// message that no consumer is claiming, most often the first. Every row
-// read costs (some 10,000 instructions to decode), so the chunk is small.
-const listChunk = 1
-
 // List streams a queue's messages in one state by (SortKey, Seq) from the
-// messages_order index, one row at a time.
-//
-// When the writer is idle, List reads the first listChunk messages on its
-// connection (see readPoint), lets it go, and only then calls fn with them;
-// if fn asks for more, the rest comes from a reader, from the index after
-// the last message given. Across that seam the list is not one snapshot: a
-// message that a commit moved in between can be missed or given twice, as
-// in a readdir of a directory that changes. The order holds throughout.
+// messages_order index, one row at a time, in one read transaction: fn
+// must not call the store.
 func (s *Store) List(_ context.Context, queue string, state queuecore.State, fn func(queuecore.Message) bool) error {
 	if !state.Valid() {
 		return fmt.Errorf("list %s/%d: invalid state", queue, state)
 	}
-	var (
-		chunk   [listChunk]queuecore.Message
-		n       int
-		last    [3]int64 // sk, seq and id of chunk[n-1]
-		chunked bool     // the chunk was read on the writer
-		rest    bool     // more messages follow the chunk
-	)
-	err := s.readPoint(func(r *reader, onWriter bool) error {
+	err := s.read(func(r *reader) error {
 		r.args[0].Value = queue
 		rows, err := r.rows(r.list[state], 1)
 		if err != nil {
 			return err
 		}
 		defer rows.Close()
-		if !onWriter {
-			return eachMessage(rows, r.dest, fn)
-		}
-		chunked = true
-		for n < listChunk {
-			if err := rows.Next(r.dest); err != nil {
-				if errors.Is(err, io.EOF) {
-					return nil
-				}
-				return err
-			}
-			m, err := scanMessage(r.dest)
-			if err != nil {
-				return err
-			}
-			var c scanner
-			last = [3]int64{c.int(r.dest[4]), int64(m.Seq), int64(m.ID)}
-			if c.err != nil {
-				return c.err
-			}
-			chunk[n] = m
-			n++
-		}
-		rest = true
-		return nil
+		return eachMessage(rows, r.dest, fn)
 	})
-	if err == nil && chunked {
-		for i := range n {
-			if !fn(chunk[i]) {
-				return nil
-			}
-		}
-		if rest {
-			err = s.read(func(r *reader) error {
-				r.args[0].Value = queue
-				r.args[1].Value, r.args[2].Value, r.args[3].Value = last[0], last[1], last[2]
-				rows, err := r.rows(r.listAfter[state], 4)
-				if err != nil {
-					return err
-				}
-				defer rows.Close()
-				return eachMessage(rows, r.dest, fn)
-			})
-		}
-	}
 	if err != nil {
 		return fmt.Errorf("list %s/%s: %w", queue, state, err)
 	}
@@ -278,7 +216,7 @@ func (s *Store) Due(_ context.Context, t time.Time, limit int) ([]queuecore.Mess
 func (s *Store) NextDue(context.Context) (time.Time, bool, error) {
 	var t time.Time
 	var ok bool
-	err := s.readPoint(func(r *reader, _ bool) error {
+	err := s.read(func(r *reader) error {
 		dest := r.dest[:1]
 		found, err := r.one(r.nextDue, 0, dest)
 		if err != nil || !found {

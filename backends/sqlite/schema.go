@@ -173,8 +173,7 @@ const (
 	sqlDeleteQueue = `DELETE FROM queues WHERE name = ?1`
 )
 
-// The read statements, prepared on every reader and on the writer (for
-// Store.readPoint).
+// The read statements, prepared on database/sql's pool of readers.
 const (
 	sqlQueues = `SELECT name, policy, uid, gid, mode, created_at FROM queues ORDER BY name`
 	// The subquery runs only for a body kept apart (coalesce stops at the
@@ -218,14 +217,6 @@ func sqlLookup(archived int) string {
 // keeps the plan, which is the same index search.
 func sqlList(state queuecore.State) string {
 	return fmt.Sprintf(`SELECT %s FROM messages WHERE queue = CAST(?1 AS TEXT) AND state = %d
-	ORDER BY sk, seq, id`, msgCols, state)
-}
-
-// sqlListAfter is the rest of sqlList after the message at (?2, ?3, ?4) =
-// (sk, seq, id), in the same order: a range of the same index.
-func sqlListAfter(state queuecore.State) string {
-	return fmt.Sprintf(`SELECT %s FROM messages WHERE queue = CAST(?1 AS TEXT) AND state = %d
-	AND (sk, seq, id) > (CAST(?2 AS INTEGER), CAST(?3 AS INTEGER), CAST(?4 AS INTEGER))
 	ORDER BY sk, seq, id`, msgCols, state)
 }
 

@@ -43,12 +43,12 @@ func (s *Store) Reclaim(ctx context.Context, urgent bool) error {
 // ReusableBytes is the size of the database file's free pages.
 func (s *Store) ReusableBytes(ctx context.Context) int64 {
 	var n int64
-	_ = s.read(func(r *reader) error {
-		free, err := queryInt(r.conn, "PRAGMA freelist_count")
+	_ = s.read(func(*reader) error {
+		free, err := s.pragma("PRAGMA freelist_count")
 		if err != nil {
 			return err
 		}
-		size, err := queryInt(r.conn, "PRAGMA page_size")
+		size, err := s.pragma("PRAGMA page_size")
 		n = free * size
 		return err
 	})

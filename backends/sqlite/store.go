@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -76,10 +77,10 @@ type Store struct {
 	spare         []*batch
 	w             *writer
 
-	// Readers (reader.go): idle ones in idle, readers open in total.
-	idle      chan *reader
-	readersMu sync.Mutex
-	readers   int
+	// Reads (reader.go): database/sql's pool of readers and the read
+	// statements prepared on it.
+	db    *sql.DB
+	reads *readStmts
 
 	// Body files (files.go): their directory, the least size of a body
 	// the store has or had in a file since it was opened, and the IDs
@@ -107,7 +108,8 @@ type Store struct {
 // tuning holds what tests and benchmarks vary; Open uses the defaults.
 type tuning struct {
 	// plainVFS opens the database with SQLite's unix VFS, without the
-	// store's VFS and anchor (vfs.go): to measure what they save.
+	// store's VFS and anchor (vfs.go): to measure what they save. The
+	// build tag yirangmq_novfs makes it the default.
 	plainVFS bool
 	// walAutocheckpoint replaces the constant when not 0.
 	walAutocheckpoint int
@@ -131,12 +133,19 @@ var _ queuecore.Store = (*Store)(nil)
 // the store's lock first: if another process (or another Open in this one)
 // has the store, the error wraps queuecore.ErrLocked and names the holder.
 func Open(ctx context.Context, dir string, opts backends.Options) (*Store, error) {
-	return open(ctx, dir, opts, tuning{})
+	return open(ctx, dir, opts, defaultTuning())
 }
 
 // OpenTuned is Open with the settings of t.
 func OpenTuned(ctx context.Context, dir string, opts backends.Options, t Tuning) (*Store, error) {
-	return open(ctx, dir, opts, tuning{fileBodies: t.FileBodies})
+	tun := defaultTuning()
+	tun.fileBodies = t.FileBodies
+	return open(ctx, dir, opts, tun)
+}
+
+// defaultTuning is what Open uses: the build tags' choices (tags.go).
+func defaultTuning() tuning {
+	return tuning{plainVFS: tagNoVFS}
 }
 
 func open(ctx context.Context, dir string, opts backends.Options, tun tuning) (*Store, error) {
@@ -159,7 +168,6 @@ func open(ctx context.Context, dir string, opts backends.Options, tun tuning) (*
 		sync:    opts.Sync,
 		log:     opts.Log(),
 		lock:    lock,
-		idle:    make(chan *reader, maxReaders),
 		tuning:  tun,
 		bodies:  filepath.Join(abs, bodiesDir),
 		writing: map[uint64]struct{}{},
@@ -212,12 +220,12 @@ func (s *Store) open() error {
 			return err
 		}
 	}
-	r, err := openReader(s.path, s.connOpts(false))
-	if err != nil {
-		return fmt.Errorf("open reader: %w", err)
+	if err := s.openReads(); err != nil {
+		return fmt.Errorf("open readers: %w", err)
 	}
-	s.readers = 1
-	s.idle <- r
+	if err := s.db.Ping(); err != nil {
+		return fmt.Errorf("open a reader: %w", err)
+	}
 	return nil
 }
 
@@ -336,7 +344,7 @@ func (s *Store) Close() error {
 	s.closed = true
 	var errs []error
 	// Readers first: a checkpoint cannot truncate a WAL a reader still uses.
-	errs = append(errs, s.closeReaders(), s.lazy.close())
+	errs = append(errs, s.closeReads(), s.lazy.close())
 	if _, err := s.w.conn.Exec("PRAGMA wal_checkpoint(TRUNCATE)", nil); err != nil {
 		errs = append(errs, fmt.Errorf("checkpoint: %w", err))
 	}
@@ -348,26 +356,11 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// closeReaders closes the idle readers, which are all of them when no call
-// is in flight.
-func (s *Store) closeReaders() error {
-	var errs []error
-	for {
-		select {
-		case r := <-s.idle:
-			errs = append(errs, r.close())
-			s.readers--
-		default:
-			return errors.Join(errs...)
-		}
-	}
-}
-
 // closeConns closes every connection still open. The writer goes last,
 // after the anchor: as the last connection, it checkpoints the WAL into
 // the database file and deletes it.
 func (s *Store) closeConns() error {
-	errs := []error{s.closeReaders(), s.anchor.close()}
+	errs := []error{s.closeReads(), s.anchor.close()}
 	s.anchor = nil
 	if s.w != nil {
 		errs = append(errs, s.w.close())

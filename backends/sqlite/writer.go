@@ -199,8 +199,8 @@ type writer struct {
 	fileFloor *fileFloor
 	lookups   int // fileOf's look-ups in the database, for tests
 
-	// reads are the read statements on the writer's connection
-	// (Store.readPoint).
+	// reads holds the argument and destination slices of the writer's
+	// own queries (fileOf, queueFiles).
 	reads *reader
 }
 
@@ -241,11 +241,7 @@ func openWriter(c *sqlite3.SQLiteConn) (*writer, error) {
 		}
 		*st.p = ds.(*sqlite3.SQLiteStmt)
 	}
-	var err error
-	if w.reads, err = newReader(c); err != nil {
-		w.close()
-		return nil, err
-	}
+	w.reads = newScratch(nil)
 	return w, nil
 }
 
@@ -258,9 +254,6 @@ func (w *writer) close() error {
 		if st != nil {
 			st.Close()
 		}
-	}
-	if w.reads != nil {
-		w.reads.closeStmts()
 	}
 	return w.conn.Close()
 }
@@ -491,7 +484,7 @@ func (w *writer) fileOf(id uint64, size int64) (bool, error) {
 	w.lookups++
 	r := w.reads
 	r.args[0].Value = int64(id)
-	found, err := r.one(w.fileOfStmt, 1, r.dest[:1])
+	found, err := r.one(connStmt{w.fileOfStmt}, 1, r.dest[:1])
 	if err != nil {
 		return false, fmt.Errorf("look up its body file: %w", err)
 	}
@@ -505,7 +498,7 @@ func (w *writer) queueFiles(queue string) error {
 	}
 	r := w.reads
 	r.args[0].Value = queue
-	rows, err := r.rows(w.queueFilesStmt, 1)
+	rows, err := r.rows(connStmt{w.queueFilesStmt}, 1)
 	if err != nil {
 		return fmt.Errorf("list its body files: %w", err)
 	}

@@ -11,8 +11,8 @@ import (
 )
 
 // withPostgres is false in a binary built with -tags nopostgres: the
-// postgres store and its driver (pgconn, with Go's TLS stack) are left
-// out, 3 MB of an ARM binary (docs/backends.md).
+// postgres store and its driver (pgx) are left out, some 6 MB of a
+// release binary (docs/operations.md).
 const withPostgres = false
 
 func openPostgres(context.Context, string, backends.Options) (queuecore.Store, error) {

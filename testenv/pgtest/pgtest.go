@@ -18,6 +18,11 @@
 // same way, TestMain can start one server for the tests of a package
 // (StartMain, then ExportMain), each of which gets it from Start.
 //
+// StartBouncer puts a PgBouncer (bouncer.go) in front of a server, in
+// transaction or session pooling mode, as a child of the test process
+// with its own configuration in a temporary directory; without pgbouncer
+// a test is skipped, unless YIRANGMQ_REQUIRE_PGBOUNCER=1.
+//
 // StartWith and NewWith take Options: more addresses to listen on (as the
 // host side of a veth pair, for a client in another network namespace)
 // and networks that pg_hba.conf trusts; TCPURLAt names such an address.

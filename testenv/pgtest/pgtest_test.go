@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"yirangmq/testenv"
 )
 
 func query(t *testing.T, url string) (int, error) {
@@ -132,5 +134,73 @@ func TestListenAddresses(t *testing.T) {
 	}
 	if _, err := NewWith(Options{TrustNets: []string{"10.0.0.1"}}); err == nil {
 		t.Error("a trusted network that is no CIDR was taken")
+	}
+}
+
+// TestBouncer: a PgBouncer in session mode keeps a client's server
+// session and resets it when the client leaves (its advisory locks go);
+// one in transaction mode does not (a session advisory lock stays on the
+// server session it landed on, whatever becomes of the client: why the
+// duty needs a session); both come back after Stop and Start.
+func TestBouncer(t *testing.T) {
+	s := Start(t)
+	s.CreateDB(t, "bounced")
+	ctx := context.Background()
+	tx := StartBouncer(t, s, Transaction)
+	sess := StartBouncer(t, s, Session)
+	direct, err := pgx.Connect(ctx, s.URL("bounced"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close(ctx)
+	free := func(key int) bool {
+		var got bool
+		if err := direct.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", key).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got {
+			if _, err := direct.Exec(ctx, "SELECT pg_advisory_unlock($1)", key); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return got
+	}
+	for key, b := range map[int]*Bouncer{1: sess, 2: tx} {
+		c, err := pgx.Connect(ctx, b.URL("bounced")+"&default_query_exec_mode=cache_describe")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var pids [2]int
+		for i := range pids {
+			if err := c.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pids[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if pids[0] != pids[1] {
+			t.Errorf("%s mode: one idle client's two queries ran on server sessions %v", b.Mode(), pids)
+		}
+		var got bool
+		if err := c.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", key).Scan(&got); err != nil || !got {
+			t.Fatalf("%s mode: lock: %v, %v", b.Mode(), got, err)
+		}
+		c.Close(ctx)
+		released := testenv.RetryUntil(3*time.Second, func() bool { return free(key) })
+		if want := b.Mode() == Session; released != want {
+			t.Errorf("%s mode: the advisory lock of a client that left released: %v, want %v", b.Mode(), released, want)
+		}
+	}
+	for _, b := range []*Bouncer{tx, sess} {
+		if err := b.Stop(); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := query(t, b.URL("bounced")+"&default_query_exec_mode=simple_protocol&connect_timeout=2"); err == nil {
+			t.Errorf("%s bouncer answers (%d) after Stop", b.Mode(), n)
+		}
+		if err := b.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := query(t, b.URL("bounced")+"&default_query_exec_mode=simple_protocol"); err != nil {
+			t.Errorf("%s bouncer after Start: %v", b.Mode(), err)
+		}
 	}
 }

@@ -1,0 +1,5 @@
+//go:build yirangmq_novfs
+
+package sqlite
+
+const tagNoVFS = true
