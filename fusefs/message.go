@@ -140,8 +140,9 @@ func (h *readHandle) PassthroughFd() (int, bool) {
 	return h.fd, true
 }
 
-// current returns the message this node stands for, wherever it is now.
-func (n *msgNode) current(ctx context.Context) (queuecore.Message, error) {
+// messageAnywhere returns the message this node stands for, wherever it is
+// now (messageInDir: only in the directory of the node's name).
+func (n *msgNode) messageAnywhere(ctx context.Context) (queuecore.Message, error) {
 	n.mu.Lock()
 	name := n.name
 	n.mu.Unlock()
@@ -183,7 +184,7 @@ func (n *msgNode) fillAttr(ctx context.Context, out *fuse.Attr) syscall.Errno {
 	}
 	n.mu.Unlock()
 	n.mayCache()
-	m, err := n.current(ctx)
+	m, err := n.messageAnywhere(ctx)
 	if err != nil {
 		return errnoOf(err)
 	}
@@ -244,7 +245,7 @@ func (n *msgNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrO
 		}
 		if !n.isPending() {
 			n.mayCache()
-			m, errno := n.here(ctx)
+			m, errno := n.messageInDir(ctx)
 			if errno != 0 {
 				return errno
 			}
@@ -280,7 +281,7 @@ func (n *msgNode) refused() bool {
 	return n.pend != nil && n.pend.done
 }
 
-// here returns the committed message this node stands for, or ESTALE when
+// messageInDir returns the committed message this node stands for, or ESTALE when
 // the kernel reached it through a name it kept from before the message
 // moved away or ended (the daemon never tells the kernel, see
 // Options.EntryTimeout): the message is no longer in the directory that
@@ -288,8 +289,8 @@ func (n *msgNode) refused() bool {
 // looks the name up again and retries once, so the caller gets what is
 // there now (ENOENT, or the message that holds the name now), never a
 // message from another directory.
-func (n *msgNode) here(ctx context.Context) (queuecore.Message, syscall.Errno) {
-	m, err := n.current(ctx)
+func (n *msgNode) messageInDir(ctx context.Context) (queuecore.Message, syscall.Errno) {
+	m, err := n.messageAnywhere(ctx)
 	if errors.Is(err, queuecore.ErrNotFound) {
 		return m, syscall.ESTALE
 	}
@@ -345,7 +346,7 @@ func (n *msgNode) open(ctx context.Context, flags uint32) (fs.FileHandle, uint32
 		n.mu.Unlock()
 		return &readHandle{body: body, uid: uid, held: size}, fuse.FOPEN_DIRECT_IO | noFlush, 0
 	}
-	m, errno := n.here(ctx) // ESTALE: `> inbox/X` after X was leased publishes a new X
+	m, errno := n.messageInDir(ctx) // ESTALE: `> inbox/X` after X was leased publishes a new X
 	if errno != 0 {
 		return nil, 0, errno
 	}
@@ -447,7 +448,7 @@ func (n *msgNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAtt
 			// the name up again and retry, so the caller gets what a
 			// fresh lookup gives (ENOENT), not EPERM for another
 			// directory's message.
-			if _, errno := n.here(ctx); errno != 0 {
+			if _, errno := n.messageInDir(ctx); errno != 0 {
 				return errno
 			}
 		}
@@ -466,7 +467,7 @@ func (n *msgNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAtt
 		// once or delayed. A message gone altogether is ESTALE: the kernel
 		// looks the name up again and retries, as for a stat.
 		var errno syscall.Errno
-		m, errno = n.here(ctx)
+		m, errno = n.messageInDir(ctx)
 		if errno == syscall.ESTALE && m.ID != 0 {
 			fillMessage(&out.Attr, m)
 			n.show(&out.Attr, false)
@@ -478,7 +479,7 @@ func (n *msgNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAtt
 		}
 	} else {
 		var err error
-		if m, err = n.current(ctx); err != nil {
+		if m, err = n.messageAnywhere(ctx); err != nil {
 			return errnoOf(err)
 		}
 	}

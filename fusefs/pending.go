@@ -120,7 +120,7 @@ func (n *msgNode) discardOrCommitted(ctx context.Context) (m queuecore.Message, 
 		return queuecore.Message{}, true
 	}
 	n.mu.Unlock()
-	m, err := n.current(ctx)
+	m, err := n.messageAnywhere(ctx)
 	if err != nil {
 		return queuecore.Message{}, false
 	}

@@ -88,10 +88,10 @@ func (n *msgNode) xattrs(ctx context.Context, want string) ([][2]string, syscall
 	var errno syscall.Errno
 	if open {
 		var err error
-		m, err = n.current(ctx)
+		m, err = n.messageAnywhere(ctx)
 		errno = errnoOf(err)
 	} else {
-		m, errno = n.here(ctx)
+		m, errno = n.messageInDir(ctx)
 	}
 	if errno != 0 {
 		return nil, errno
@@ -193,7 +193,7 @@ func (n *msgNode) Setxattr(ctx context.Context, attr string, data []byte, flags 
 	// By a name the kernel kept from before the message moved away:
 	// ESTALE, and a setxattr by path is retried after a fresh lookup, so
 	// a reason cannot land on the lease someone else took of the message.
-	m, errno := n.here(ctx)
+	m, errno := n.messageInDir(ctx)
 	if errno != 0 {
 		return errno
 	}

@@ -130,9 +130,9 @@ func Open(ctx context.Context, store Store, opts Options) (*Core, error) {
 	if ss, ok := store.(SharedStore); ok {
 		c.shared = ss
 		c.ids = &sharedIDs{store: ss, clock: c.clock}
-		c.gauges = &storeGauges{c: c, at: c.now()}
+		c.gauges = &sharedGauges{c: c, at: c.now()}
 		c.leaser = &sharedLeaser{c: c, ss: ss}
-		c.names = storeNames{store: store}
+		c.names = sharedNames{store: store}
 	} else {
 		maxID, err := store.MaxID(ctx)
 		if err != nil {
@@ -140,7 +140,7 @@ func Open(ctx context.Context, store Store, opts Options) (*Core, error) {
 		}
 		ids := &localIDs{}
 		ids.last.Store(maxID)
-		c.ids, c.gauges, c.leaser, c.names = ids, ownGauges{}, alone{c}, cachedNames{c}
+		c.ids, c.gauges, c.leaser, c.names = ids, localGauges{}, localLeaser{c}, localNames{c}
 	}
 	infos, err := store.Queues(ctx)
 	if err != nil {
@@ -528,7 +528,7 @@ type queue struct {
 	rates    rates
 	refused  refusals // the last refusals (refusals.go)
 
-	// With a shared store, for storeGauges.refresh: how many of this core's
+	// With a shared store, for sharedGauges.refresh: how many of this core's
 	// batches that change the gauges are being committed, how many have
 	// begun, and how many reads of the store's counts in a row a commit
 	// overlapped.

@@ -623,7 +623,7 @@ func TestRetention(t *testing.T) {
 			e.clock.Advance(time.Second)
 		}
 		// A shared store's gauge read that overlaps the pruner's commits
-		// may count one of them twice until the next read (storeGauges):
+		// may count one of them twice until the next read (sharedGauges):
 		// wait until the gauge and the listing agree.
 		if !testenv.RetryUntil(5*time.Second, func() bool {
 			return e.settledStats("q").Archived == 3 && len(e.names("q", queuecore.StateArchived)) == 3

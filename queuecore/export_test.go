@@ -23,7 +23,7 @@ func Waiting(c *Core, queue string) int {
 // SettledStats reads a queue's stats with the gauges read again from a
 // shared store first. A shared core takes its gauges from the store at
 // most once per countsTTL of its clock, and a read that overlapped a
-// commit of its own to a queue is not taken for that queue (storeGauges);
+// commit of its own to a queue is not taken for that queue (sharedGauges);
 // a test whose fake clock stands still polls with this, as real time
 // passing would.
 func SettledStats(c *Core, ctx context.Context, queue string) (QueueStats, error) {

@@ -10,7 +10,9 @@ import (
 // What changes when other daemons share the store is chosen once, in Open,
 // and kept in four fields of the Core; the code that uses them reads the
 // same either way. The store of this daemon alone has the types of this
-// file; a SharedStore has those of shared.go.
+// file, named local…; a SharedStore has those of shared.go, named
+// shared…: localIDs and sharedIDs, localGauges and sharedGauges,
+// localLeaser and sharedLeaser, localNames and sharedNames.
 //
 //   - ids (idSource): where message IDs and Seqs come from.
 //   - gauges (gaugeSource): where the counts of .stats and maxReady come
@@ -54,14 +56,14 @@ type gaugeSource interface {
 	done(ds []gaugeDelta)
 }
 
-// ownGauges: every change in a store of this daemon alone is one of its
+// localGauges: every change in a store of this daemon alone is one of its
 // own commits, so the gauges that applied keeps are exact.
-type ownGauges struct{}
+type localGauges struct{}
 
-func (ownGauges) refresh(context.Context) error { return nil }
-func (ownGauges) force()                        {}
-func (ownGauges) committing([]gaugeDelta)       {}
-func (ownGauges) done([]gaugeDelta)             {}
+func (localGauges) refresh(context.Context) error { return nil }
+func (localGauges) force()                        {}
+func (localGauges) committing([]gaugeDelta)       {}
+func (localGauges) done([]gaugeDelta)             {}
 
 // leaser does what only some daemons of a store may do, and leases.
 type leaser interface {
@@ -89,22 +91,22 @@ type leaser interface {
 	lostRace(err error) bool
 }
 
-// alone is the leaser of a store of this daemon alone: it does all the
+// localLeaser is the leaser of a store of this daemon alone: it does all the
 // timed work, and its Next waits to be woken by its own commits.
-type alone struct{ c *Core }
+type localLeaser struct{ c *Core }
 
-func (a alone) pick(ctx context.Context, q *queue, consumer string, nonblock bool) (picked, error) {
+func (a localLeaser) pick(ctx context.Context, q *queue, consumer string, nonblock bool) (picked, error) {
 	return a.c.pickLocal(ctx, q, consumer, nonblock)
 }
-func (alone) poll() time.Duration { return 0 }
-func (alone) duty() bool          { return true }
-func (alone) reportDuty() *bool   { return nil }
-func (alone) beforeRetention(context.Context, time.Time) (map[string]map[State]Count, error) {
+func (localLeaser) poll() time.Duration { return 0 }
+func (localLeaser) duty() bool          { return true }
+func (localLeaser) reportDuty() *bool   { return nil }
+func (localLeaser) beforeRetention(context.Context, time.Time) (map[string]map[State]Count, error) {
 	return nil, nil
 }
-func (alone) lookAgain(time.Time) time.Time { return time.Time{} }
-func (alone) oneByOne() bool                { return false }
-func (alone) lostRace(error) bool           { return false }
+func (localLeaser) lookAgain(time.Time) time.Time { return time.Time{} }
+func (localLeaser) oneByOne() bool                { return false }
+func (localLeaser) lostRace(error) bool           { return false }
 
 // nameSource says what the store holds under a live name.
 type nameSource interface {
@@ -119,11 +121,11 @@ type nameSource interface {
 	wrote(ts []touch)
 }
 
-// cachedNames is the name cache of namecache.go, exact because every
+// localNames is the name cache of namecache.go, exact because every
 // change of a live name is a commit of this core.
-type cachedNames struct{ c *Core }
+type localNames struct{ c *Core }
 
-func (n cachedNames) lookup(ctx context.Context, q *queue, name string) (Message, error) {
+func (n localNames) lookup(ctx context.Context, q *queue, name string) (Message, error) {
 	if e, ok := q.names.get(name); ok {
 		if !e.live {
 			return Message{}, ErrNotFound
@@ -141,25 +143,25 @@ func (n cachedNames) lookup(ctx context.Context, q *queue, name string) (Message
 	return m, err
 }
 
-func (n cachedNames) opened(ctx context.Context, q *queue, live int64) error {
+func (n localNames) opened(ctx context.Context, q *queue, live int64) error {
 	return n.c.loadNames(ctx, q, live)
 }
 
-func (cachedNames) created(q *queue) { q.names.complete = true }
+func (localNames) created(q *queue) { q.names.complete = true }
 
-func (cachedNames) wrote(ts []touch) {
+func (localNames) wrote(ts []touch) {
 	for _, t := range ts {
 		t.q.names.wrote(t.m, t.gone)
 	}
 }
 
-// storeNames reads the store every time: other daemons change the names
+// sharedNames reads the store every time: other daemons change the names
 // of a shared store without this core's commits, so nothing is cached.
-type storeNames struct{ store Store }
+type sharedNames struct{ store Store }
 
-func (n storeNames) lookup(ctx context.Context, q *queue, name string) (Message, error) {
+func (n sharedNames) lookup(ctx context.Context, q *queue, name string) (Message, error) {
 	return n.store.Lookup(ctx, q.name, name, false)
 }
-func (storeNames) opened(context.Context, *queue, int64) error { return nil }
-func (storeNames) created(*queue)                              {}
-func (storeNames) wrote([]touch)                               {}
+func (sharedNames) opened(context.Context, *queue, int64) error { return nil }
+func (sharedNames) created(*queue)                              {}
+func (sharedNames) wrote([]touch)                               {}

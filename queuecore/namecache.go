@@ -20,7 +20,7 @@ const nameCacheMax = 8192
 // dropping its entry), and a read of the store is kept only if no commit
 // of the queue came between the read and its insertion (gen). A store that
 // other daemons share is not cached at all: its core reads names through
-// storeNames (mode.go), and the cache stays empty.
+// sharedNames (mode.go), and the cache stays empty.
 //
 // When the cache holds every live name of its queue (complete: the queue
 // was small when the core opened it, or new, and no entry has had to go

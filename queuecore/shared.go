@@ -260,10 +260,10 @@ func (s *sharedIDs) newSeq() uint64 {
 	}
 }
 
-// storeGauges reads the gauges of every queue from a shared store when
+// sharedGauges reads the gauges of every queue from a shared store when
 // they are older than countsTTL: other daemons change them too. Between
 // reads, this core's own commits update them as they go (applied).
-type storeGauges struct {
+type sharedGauges struct {
 	c  *Core
 	mu sync.Mutex // orders refreshes
 	at time.Time  // when the gauges were last read; zero: read at the next refresh
@@ -281,7 +281,7 @@ type storeGauges struct {
 // reads in a row takes the store's counts with this core's commits since
 // the read began on top (possibly counting a commit that overlapped the
 // read twice, until the next read), so that what other daemons did shows.
-func (g *storeGauges) refresh(ctx context.Context) error {
+func (g *sharedGauges) refresh(ctx context.Context) error {
 	c := g.c
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -334,26 +334,26 @@ func (g *storeGauges) refresh(ctx context.Context) error {
 // may leave a queue's gauges alone because a commit overlapped them.
 const countsMaxMisses = 3
 
-func (g *storeGauges) force() {
+func (g *sharedGauges) force() {
 	g.mu.Lock()
 	g.at = time.Time{}
 	g.mu.Unlock()
 }
 
-func (g *storeGauges) committing(ds []gaugeDelta) {
+func (g *sharedGauges) committing(ds []gaugeDelta) {
 	for _, d := range ds {
 		d.q.commitBegins()
 	}
 }
 
-func (g *storeGauges) done(ds []gaugeDelta) {
+func (g *sharedGauges) done(ds []gaugeDelta) {
 	for _, d := range ds {
 		d.q.commitEnds()
 	}
 }
 
 // commitBegins and commitEnds bracket a commit of this core that changes
-// q's gauges, for storeGauges.refresh.
+// q's gauges, for sharedGauges.refresh.
 func (q *queue) commitBegins() {
 	q.mu.Lock()
 	q.committing++

@@ -24,8 +24,8 @@ var benchModes = []queuecore.SyncMode{queuecore.SyncNormal, queuecore.SyncFull}
 // benchVFS compares the store's VFS and anchor (vfs.go) with SQLite's own.
 var benchVFS = []struct {
 	name string
-	tun  tuning
-}{{"vfs=yirangmq", tuning{}}, {"vfs=unix", tuning{plainVFS: true}}}
+	tun  config
+}{{"vfs=yirangmq", config{}}, {"vfs=unix", config{plainVFS: true}}}
 
 // benchBody is a 256-byte message body, the size the queue core's
 // benchmarks use.
@@ -101,7 +101,7 @@ func BenchmarkApplyInsert(b *testing.B) {
 	}
 }
 
-func benchInsert(b *testing.B, mode queuecore.SyncMode, tun tuning) {
+func benchInsert(b *testing.B, mode queuecore.SyncMode, tun config) {
 	ctx := context.Background()
 	s := newTunedStore(b, mode, tun, "bench")
 	commits := countCommits(s)
@@ -228,7 +228,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 	}
 }
 
-func benchRoundTrip(b *testing.B, mode queuecore.SyncMode, tun tuning, backlog int) {
+func benchRoundTrip(b *testing.B, mode queuecore.SyncMode, tun config, backlog int) {
 	ctx := context.Background()
 	s := newTunedStore(b, mode, tun, "bench")
 	fill(b, s, 1_000_000_000, backlog) // waiting behind, in a higher-priority-free FIFO
@@ -346,7 +346,7 @@ func BenchmarkBodyBig(b *testing.B) {
 func BenchmarkCheckpointInterval(b *testing.B) {
 	for _, pages := range []int{250, 500, 1000, 2000, 4000, 16000} {
 		b.Run(fmt.Sprintf("normal/pages=%d", pages), func(b *testing.B) {
-			benchRoundTrip(b, queuecore.SyncNormal, tuning{walAutocheckpoint: pages}, 0)
+			benchRoundTrip(b, queuecore.SyncNormal, config{walAutocheckpoint: pages}, 0)
 		})
 	}
 }
@@ -356,7 +356,7 @@ func BenchmarkPageSize(b *testing.B) {
 	for _, size := range []int{1024, 2048, 4096} {
 		for _, backlog := range []int{0, 100000} {
 			b.Run(fmt.Sprintf("normal/page=%d/backlog=%d", size, backlog), func(b *testing.B) {
-				benchRoundTrip(b, queuecore.SyncNormal, tuning{pageSize: size}, backlog)
+				benchRoundTrip(b, queuecore.SyncNormal, config{pageSize: size}, backlog)
 			})
 		}
 	}

@@ -74,7 +74,7 @@ type Tuning struct {
 
 // fileMin returns the least body size kept in a file, or 0 for none.
 func (s *Store) fileMin() int64 {
-	switch n := s.tuning.fileBodies; {
+	switch n := s.config.fileBodies; {
 	case n < 0:
 		return 0
 	case n == 0:

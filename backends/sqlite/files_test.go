@@ -60,7 +60,7 @@ func bodyFiles(t *testing.T, dir string) map[string]int64 {
 func TestFileBodies(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	s := openTuned(t, dir, queuecore.SyncFull, tuning{fileBodies: 4096})
+	s := openTuned(t, dir, queuecore.SyncFull, config{fileBodies: 4096})
 	for _, q := range []string{"q", "other"} {
 		if err := s.PutQueue(ctx, queuecore.QueueInfo{Name: q}); err != nil {
 			t.Fatal(err)
@@ -186,7 +186,7 @@ func TestFileBodies(t *testing.T) {
 func TestFileBodiesAfterCrash(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	tun := tuning{fileBodies: 1000}
+	tun := config{fileBodies: 1000}
 	s := openTuned(t, dir, queuecore.SyncFull, tun)
 	if err := s.PutQueue(ctx, queuecore.QueueInfo{Name: "q"}); err != nil {
 		t.Fatal(err)
@@ -242,7 +242,7 @@ func TestFileBodiesAfterCrash(t *testing.T) {
 func TestFileBodiesUpgrade(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	s := openTuned(t, dir, queuecore.SyncNormal, tuning{fileBodies: -1})
+	s := openTuned(t, dir, queuecore.SyncNormal, config{fileBodies: -1})
 	if err := s.PutQueue(ctx, queuecore.QueueInfo{Name: "q"}); err != nil {
 		t.Fatal(err)
 	}
@@ -299,7 +299,7 @@ func equalSizes(a, b map[string]int64) bool {
 func TestFileBodiesSyncFails(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	s := openTuned(t, dir, queuecore.SyncFull, tuning{fileBodies: 1000})
+	s := openTuned(t, dir, queuecore.SyncFull, config{fileBodies: 1000})
 	if err := s.PutQueue(ctx, queuecore.QueueInfo{Name: "q"}); err != nil {
 		t.Fatal(err)
 	}
@@ -349,7 +349,7 @@ func TestFileBodiesSyncFails(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	openTuned(t, dir, queuecore.SyncFull, tuning{fileBodies: 1000})
+	openTuned(t, dir, queuecore.SyncFull, config{fileBodies: 1000})
 	if got, want := bodyFiles(t, dir), map[string]int64{"5": 3000}; !equalSizes(got, want) {
 		t.Fatalf("after reopening: body files %v, want %v", got, want)
 	}
@@ -364,7 +364,7 @@ func TestFileBodiesSyncFails(t *testing.T) {
 func TestFileBodiesKilledBeforeAckSync(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	tun := tuning{fileBodies: 1000}
+	tun := config{fileBodies: 1000}
 	s, err := open(ctx, dir, backends.Options{Sync: queuecore.SyncFull, Holder: "killed"}, tun)
 	if err != nil {
 		t.Fatal(err)
@@ -420,7 +420,7 @@ func TestFileBodiesKilledBeforeAckSync(t *testing.T) {
 func TestFileBodiesAckLookups(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	s := openTuned(t, dir, queuecore.SyncFull, tuning{fileBodies: 4096})
+	s := openTuned(t, dir, queuecore.SyncFull, config{fileBodies: 4096})
 	if err := s.PutQueue(ctx, queuecore.QueueInfo{Name: "q"}); err != nil {
 		t.Fatal(err)
 	}

@@ -84,7 +84,7 @@ func TestPagesPerCommit(t *testing.T) {
 func TestLargeBody(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	s := openTuned(t, dir, queuecore.SyncNormal, tuning{fileBodies: -1})
+	s := openTuned(t, dir, queuecore.SyncNormal, config{fileBodies: -1})
 	for _, q := range []string{"bench", "other"} {
 		if err := s.PutQueue(ctx, queuecore.QueueInfo{Name: q}); err != nil {
 			t.Fatal(err)

@@ -100,13 +100,14 @@ type Store struct {
 		kept bool
 	}
 
-	tuning tuning
+	config config
 	anchor *anchor  // vfs.go
 	lazy   lazySync // SyncFull's leases and acks (lazysync.go)
 }
 
-// tuning holds what tests and benchmarks vary; Open uses the defaults.
-type tuning struct {
+// config is Tuning plus what tests and benchmarks vary; Open uses the
+// defaults. (The fs store has the same pair.)
+type config struct {
 	// plainVFS opens the database with SQLite's unix VFS, without the
 	// store's VFS and anchor (vfs.go): to measure what they save. The
 	// build tag yirangmq_novfs makes it the default.
@@ -144,11 +145,11 @@ func OpenTuned(ctx context.Context, dir string, opts backends.Options, t Tuning)
 }
 
 // defaultTuning is what Open uses: the build tags' choices (tags.go).
-func defaultTuning() tuning {
-	return tuning{plainVFS: tagNoVFS}
+func defaultTuning() config {
+	return config{plainVFS: tagNoVFS}
 }
 
-func open(ctx context.Context, dir string, opts backends.Options, tun tuning) (*Store, error) {
+func open(ctx context.Context, dir string, opts backends.Options, tun config) (*Store, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("open sqlite store: %w", err)
 	}
@@ -168,7 +169,7 @@ func open(ctx context.Context, dir string, opts backends.Options, tun tuning) (*
 		sync:    opts.Sync,
 		log:     opts.Log(),
 		lock:    lock,
-		tuning:  tun,
+		config:  tun,
 		bodies:  filepath.Join(abs, bodiesDir),
 		writing: map[uint64]struct{}{},
 	}
@@ -191,7 +192,7 @@ func open(ctx context.Context, dir string, opts backends.Options, tun tuning) (*
 // open opens the writer, creates or checks the schema and opens a first
 // reader, so that a store that cannot be read fails here.
 func (s *Store) open() error {
-	if !s.tuning.plainVFS {
+	if !s.config.plainVFS {
 		if err := registerVFS(); err != nil {
 			return err
 		}
@@ -214,7 +215,7 @@ func (s *Store) open() error {
 	if err := s.openFiles(); err != nil {
 		return err
 	}
-	if !s.tuning.plainVFS {
+	if !s.config.plainVFS {
 		// After the writer: the file exists and is in WAL mode.
 		if s.anchor, err = openAnchor(s.path); err != nil {
 			return err
@@ -241,14 +242,14 @@ type connOptions struct {
 func (s *Store) connOpts(writer bool) connOptions {
 	p, _ := syncPragma(s.sync) // checked by Open
 	o := connOptions{writer: writer, sync: p, checkpoint: walAutocheckpoint}
-	if s.tuning.walAutocheckpoint != 0 {
-		o.checkpoint = s.tuning.walAutocheckpoint
+	if s.config.walAutocheckpoint != 0 {
+		o.checkpoint = s.config.walAutocheckpoint
 	}
-	o.pageSize = s.tuning.pageSize
+	o.pageSize = s.config.pageSize
 	if o.pageSize == 0 {
 		o.pageSize = defaultPageSize
 	}
-	if !s.tuning.plainVFS {
+	if !s.config.plainVFS {
 		o.vfs = vfsName
 	}
 	return o

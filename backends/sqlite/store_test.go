@@ -25,10 +25,10 @@ import (
 
 func openTest(t testing.TB, dir string, sync queuecore.SyncMode) *Store {
 	t.Helper()
-	return openTuned(t, dir, sync, tuning{})
+	return openTuned(t, dir, sync, config{})
 }
 
-func openTuned(t testing.TB, dir string, sync queuecore.SyncMode, tun tuning) *Store {
+func openTuned(t testing.TB, dir string, sync queuecore.SyncMode, tun config) *Store {
 	t.Helper()
 	s, err := open(context.Background(), dir, backends.Options{Sync: sync, Holder: "test " + t.Name()}, tun)
 	if err != nil {
@@ -44,10 +44,10 @@ func openTuned(t testing.TB, dir string, sync queuecore.SyncMode, tun tuning) *S
 
 func newTestStore(t testing.TB, sync queuecore.SyncMode, queues ...string) *Store {
 	t.Helper()
-	return newTunedStore(t, sync, tuning{}, queues...)
+	return newTunedStore(t, sync, config{}, queues...)
 }
 
-func newTunedStore(t testing.TB, sync queuecore.SyncMode, tun tuning, queues ...string) *Store {
+func newTunedStore(t testing.TB, sync queuecore.SyncMode, tun config, queues ...string) *Store {
 	t.Helper()
 	s := openTuned(t, t.TempDir(), sync, tun)
 	for _, q := range queues {
