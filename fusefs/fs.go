@@ -294,7 +294,7 @@ func (f *FS) sweepDrafts() {
 			}
 		}
 		for _, k := range old {
-			f.log.Info("draft removed after its time to live", logQueue, k.queue, logName, k.name)
+			f.log.Info("draft removed after its time to live", queuecore.LogQueue, k.queue, queuecore.LogName, k.name)
 		}
 	}
 }

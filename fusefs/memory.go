@@ -14,6 +14,8 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"golang.org/x/sys/unix"
+
+	"yirangmq/queuecore"
 )
 
 // The kernel keeps an inode (and its dentry) for every message it has
@@ -204,7 +206,7 @@ func (f *FS) prune(root *fs.Inode) {
 			return
 		}
 		if errno != 0 {
-			f.log.Debug("prune notification failed", logErr, errno, "nodes", len(nodes))
+			f.log.Debug("prune notification failed", queuecore.LogErr, errno, "nodes", len(nodes))
 		}
 		// At most one notification per pruneGap: inodes the kernel keeps
 		// (open files) come round again, and must not cost a notification

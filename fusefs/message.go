@@ -366,7 +366,7 @@ func (n *msgNode) open(ctx context.Context, flags uint32) (fs.FileHandle, uint32
 		}
 		if err != nil {
 			// Out of descriptors, say: the store can still give a copy.
-			n.fsys.log.Warn("body file not usable, reading a copy of the body", logQueue, n.queue, logName, name, logErr, err)
+			n.fsys.log.Warn("body file not usable, reading a copy of the body", queuecore.LogQueue, n.queue, queuecore.LogName, name, queuecore.LogErr, err)
 		}
 	}
 	if f != nil {
@@ -546,7 +546,7 @@ func (n *msgNode) resizeLocked(size int64) error {
 		if !p.tooBig {
 			// Recorded at the close, which fails with EFBIG too (commit).
 			n.fsys.log.Warn("write refused: message larger than the queue's maxMessageBytes",
-				logQueue, n.queue, logName, n.name, logUID, p.uid, "limit", p.limit)
+				queuecore.LogQueue, n.queue, queuecore.LogName, n.name, queuecore.LogUID, p.uid, "limit", p.limit)
 			p.tooBig = true
 		}
 		return queuecore.ErrTooLarge

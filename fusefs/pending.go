@@ -87,7 +87,7 @@ func (n *msgNode) commit(ctx context.Context) syscall.Errno {
 	var ve *queuecore.ValidationError
 	switch {
 	case err == nil && res.Deduplicated:
-		n.fsys.log.Debug("duplicate dropped", logQueue, n.queue, logName, n.name)
+		n.fsys.log.Debug("duplicate dropped", queuecore.LogQueue, n.queue, queuecore.LogName, n.name)
 	case err == nil:
 		n.pend = nil // from now on the node is the message
 	case errors.As(err, &ve) && ve.Kept:

@@ -229,7 +229,7 @@ func (n *policyNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uin
 		// The policy in effect is a closed stand-in, not the owner's: a
 		// read-modify-write of it (yirangmq resume) must not reopen the
 		// queue on defaults. Writing a whole valid policy does.
-		n.fsys.log.Warn(".policy read refused: the stored policy cannot be loaded", logQueue, n.queue, logUID, callerUID(ctx), logErr, why)
+		n.fsys.log.Warn(".policy read refused: the stored policy cannot be loaded", queuecore.LogQueue, n.queue, queuecore.LogUID, callerUID(ctx), queuecore.LogErr, why)
 		return nil, 0, syscall.EIO
 	}
 	doc, err := n.fsys.core.PolicyDocument(n.queue) // with the refusal of the last document written, if any
@@ -295,7 +295,7 @@ func (n *policyNode) commit(ctx context.Context, w *policyWriter) syscall.Errno 
 	if err := n.fsys.core.SetPolicy(ctx, n.queue, w.buf); err != nil {
 		return n.fsys.refuse(refusal{msg: "policy rejected", queue: n.queue, uid: w.creds.uid, errno: errnoOf(err), err: err, policy: true})
 	}
-	n.fsys.log.Info("policy replaced", logQueue, n.queue)
+	n.fsys.log.Info("policy replaced", queuecore.LogQueue, n.queue)
 	return 0
 }
 

@@ -38,14 +38,14 @@ func (f *FS) refuse(r refusal, attrs ...any) syscall.Errno {
 	if !r.logged {
 		args := make([]any, 0, 8+len(attrs))
 		if r.queue != "" {
-			args = append(args, logQueue, r.queue)
+			args = append(args, queuecore.LogQueue, r.queue)
 		}
 		if r.name != "" {
-			args = append(args, logName, r.name)
+			args = append(args, queuecore.LogName, r.name)
 		}
-		args = append(args, logUID, r.uid)
+		args = append(args, queuecore.LogUID, r.uid)
 		if r.err != nil {
-			args = append(args, logErr, r.err)
+			args = append(args, queuecore.LogErr, r.err)
 		}
 		level := slog.LevelWarn
 		if r.info {

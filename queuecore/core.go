@@ -58,14 +58,6 @@ type Options struct {
 	statfs func(dir string) (free, total int64, err error) // tests
 }
 
-// Log keys, so that every line names things the same way.
-const (
-	logQueue  = "queue"
-	logName   = "name"
-	logReason = "reason"
-	logErr    = "err"
-)
-
 // Core is a set of queues on one store.
 type Core struct {
 	store   Store
@@ -157,7 +149,7 @@ func Open(ctx context.Context, store Store, opts Options) (*Core, error) {
 			// fails closed, never silently on defaults (which would accept
 			// what its schema refuses, drop its fanout, resume it).
 			c.log.Error("STORED POLICY CANNOT BE LOADED: queue closed (leasing paused, publishes refused with EIO) until a valid policy is written to its .policy",
-				logQueue, info.Name, logErr, err)
+				LogQueue, info.Name, LogErr, err)
 			p = brokenPolicy(err)
 		}
 		q := newQueue(info, p)
@@ -311,7 +303,7 @@ func (c *Core) CreateQueue(ctx context.Context, name string, uid, gid, mode uint
 	if err != nil {
 		return fmt.Errorf("create queue %q: %w", name, err)
 	}
-	c.log.Info("queue created", logQueue, name)
+	c.log.Info("queue created", LogQueue, name)
 	return nil
 }
 
@@ -375,7 +367,7 @@ func (c *Core) DeleteQueue(ctx context.Context, name string, force bool) error {
 			c.sched.noDeadlines()
 		}
 	}
-	c.log.Info("queue deleted", logQueue, name, "force", force)
+	c.log.Info("queue deleted", LogQueue, name, "force", force)
 	return nil
 }
 

@@ -103,7 +103,7 @@ func (c *Core) applyHandChanges(ctx context.Context) {
 		if err != nil {
 			failed++
 			c.log.Error("cannot take a change made by hand; the next start tries again",
-				logQueue, h.Msg.Queue, logName, h.Msg.Name, logErr, err)
+				LogQueue, h.Msg.Queue, LogName, h.Msg.Name, LogErr, err)
 			continue
 		}
 		counts[what]++
@@ -111,8 +111,8 @@ func (c *Core) applyHandChanges(ctx context.Context) {
 		if counts[what] <= handLogMax {
 			level = slog.LevelInfo
 		}
-		c.log.Log(ctx, level, "took a change made by hand", "change", what, logQueue, h.Msg.Queue,
-			"state", h.Msg.State.Dir(), logName, h.Msg.Name, "from", handFrom(h))
+		c.log.Log(ctx, level, "took a change made by hand", "change", what, LogQueue, h.Msg.Queue,
+			"state", h.Msg.State.Dir(), LogName, h.Msg.Name, "from", handFrom(h))
 	}
 	args := make([]any, 0, 2*len(counts)+2)
 	for _, k := range slices.Sorted(maps.Keys(counts)) {
@@ -250,7 +250,7 @@ func (c *Core) handPublish(ctx context.Context, q *queue, p *Policy, old, m Mess
 	case verr != nil:
 		m.State, m.Reason, m.ReasonMessage, m.FailedAt, m.StateAt = StateDead, ReasonValidation, verr.Error(), now, now
 		what = "rejected"
-		c.log.Warn("a message put in inbox/ by hand failed validation, kept in dlq", logQueue, q.name, logName, m.Name, logReason, verr.Error())
+		c.log.Warn("a message put in inbox/ by hand failed validation, kept in dlq", LogQueue, q.name, LogName, m.Name, LogReason, verr.Error())
 	default:
 		m.Priority = chk.facts.Priority
 		if chk.facts.MessageID != "" {

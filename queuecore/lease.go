@@ -255,12 +255,12 @@ func (c *Core) failOps(q *queue, m Message, p *Policy, now time.Time, defaultRea
 	m.FailedAt, m.Deadline, m.StateAt = now, time.Time{}, now
 	switch {
 	case m.Attempts > p.Retry.Limit && !p.DLQ.Enabled:
-		c.log.Warn("retries spent, message dropped (dlq disabled)", logQueue, m.Queue, logName, m.Name, logReason, m.Reason)
+		c.log.Warn("retries spent, message dropped (dlq disabled)", LogQueue, m.Queue, LogName, m.Name, LogReason, m.Reason)
 		b.remove(q, old)
 		return
 	case m.Attempts > p.Retry.Limit:
 		m.State = StateDead
-		c.log.Info("message dead-lettered", logQueue, m.Queue, logName, m.Name, logReason, m.Reason, "attempts", m.Attempts)
+		c.log.Info("message dead-lettered", LogQueue, m.Queue, LogName, m.Name, LogReason, m.Reason, "attempts", m.Attempts)
 		b.count(func(time.Time) { q.counters.deadLettered.Add(1) })
 	default:
 		if d := p.Backoff(m.Attempts); d > 0 {

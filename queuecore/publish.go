@@ -117,13 +117,13 @@ func (c *Core) publish(ctx context.Context, q *queue, name string, body []byte, 
 			return PublishResult{}, fmt.Errorf("%s/%s: %w", q.name, name, c.whereExists(ctx, claims, name))
 		}
 		if verr != nil {
-			c.log.Error("validation failure could not be kept in dlq", logQueue, q.name, logName, name, logErr, err)
+			c.log.Error("validation failure could not be kept in dlq", LogQueue, q.name, LogName, name, LogErr, err)
 			return PublishResult{}, &ValidationError{Queue: q.name, Name: name, Reason: vmsg}
 		}
 		return PublishResult{}, fmt.Errorf("publish %s/%s: %w", q.name, name, err)
 	}
 	if verr != nil {
-		c.log.Warn("message failed validation, kept in dlq", logQueue, q.name, logName, name, logReason, vmsg, logUID, o.UID)
+		c.log.Warn("message failed validation, kept in dlq", LogQueue, q.name, LogName, name, LogReason, vmsg, LogUID, o.UID)
 		return PublishResult{Message: m}, &ValidationError{Queue: q.name, Name: name, Reason: vmsg, Kept: true}
 	}
 	return PublishResult{Message: m}, nil
@@ -133,7 +133,7 @@ func (c *Core) publish(ctx context.Context, q *queue, name string, body []byte, 
 // a policy that could not be loaded, or a body over maxMessageBytes.
 func (c *Core) publishAllowed(q *queue, p *Policy, name string, body []byte) error {
 	if p.broken != "" {
-		c.log.Warn("publish refused: the queue's stored policy cannot be loaded", logQueue, q.name, logName, name, logErr, p.broken)
+		c.log.Warn("publish refused: the queue's stored policy cannot be loaded", LogQueue, q.name, LogName, name, LogErr, p.broken)
 		return fmt.Errorf("queue %q: %w", q.name, ErrPolicyBroken)
 	}
 	if int64(len(body)) > p.MaxMessageBytes {
@@ -171,11 +171,11 @@ func (c *Core) fanoutQueues(q *queue, p *Policy) []*queue {
 	for _, f := range p.Fanout {
 		fq, err := c.queue(f)
 		if err != nil {
-			c.log.Warn("fanout queue is gone, copy skipped", logQueue, q.name, "fanout", f)
+			c.log.Warn("fanout queue is gone, copy skipped", LogQueue, q.name, "fanout", f)
 			continue
 		}
 		if policyOf(fq).broken != "" {
-			c.log.Warn("fanout queue is closed (its stored policy cannot be loaded), copy skipped", logQueue, q.name, "fanout", f)
+			c.log.Warn("fanout queue is closed (its stored policy cannot be loaded), copy skipped", LogQueue, q.name, "fanout", f)
 			continue
 		}
 		fan = append(fan, fq)
@@ -305,7 +305,7 @@ func (c *Core) whereExists(ctx context.Context, claims []claim, name string) err
 func (c *Core) NewID() uint64 {
 	id, err := c.newID()
 	if err != nil {
-		c.log.Warn("no message ID reserved", logErr, err)
+		c.log.Warn("no message ID reserved", LogErr, err)
 	}
 	return id
 }

@@ -22,10 +22,6 @@ type Refusal struct {
 	UID    uint32    `json:"uid"`
 }
 
-// logUID names the user whose operation a line is about: the daemon's log
-// rate-limits such lines per kind and per user.
-const logUID = "uid"
-
 // keptRefusals is how many refusals a queue keeps (QueueStats.LastRefusals).
 const keptRefusals = 5
 

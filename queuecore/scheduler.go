@@ -145,7 +145,7 @@ func (s *scheduler) work() (next, untimed time.Time) {
 	for {
 		due, err := c.store.Due(ctx, now, dueBatch)
 		if err != nil {
-			c.log.Error("scheduler: read due messages", logErr, err)
+			c.log.Error("scheduler: read due messages", LogErr, err)
 			return now.Add(time.Second), now.Add(time.Second)
 		}
 		n, held := s.handleDue(ctx, due, now)
@@ -160,7 +160,7 @@ func (s *scheduler) work() (next, untimed time.Time) {
 	}
 	counts, err := c.leaser.beforeRetention(ctx, now)
 	if err != nil {
-		c.log.Error("scheduler: read counts", logErr, err)
+		c.log.Error("scheduler: read counts", LogErr, err)
 		return now.Add(time.Second), now.Add(time.Second)
 	}
 	for _, name := range c.QueueNames() {
@@ -177,7 +177,7 @@ func (s *scheduler) work() (next, untimed time.Time) {
 		busy = busy || held
 	}
 	if t, ok, err := c.store.NextDue(ctx); err != nil {
-		c.log.Error("scheduler: read next due time", logErr, err)
+		c.log.Error("scheduler: read next due time", LogErr, err)
 		soonest(now.Add(time.Second))
 	} else if ok {
 		next = earliest(next, t) // a message's deadline: not untimed
@@ -255,10 +255,10 @@ func (s *scheduler) handleDue(ctx context.Context, due []Message, now time.Time)
 		b.count(func(time.Time) { q.counters.expired.Add(n) })
 	}
 	if err := c.commit(ctx, &b); c.leaser.lostRace(err) {
-		c.log.Debug("scheduler: a due message was moved by another daemon", logErr, err)
+		c.log.Debug("scheduler: a due message was moved by another daemon", LogErr, err)
 		moved = 0
 	} else if err != nil {
-		c.log.Error("scheduler: commit expiries", logErr, err)
+		c.log.Error("scheduler: commit expiries", LogErr, err)
 		moved = 0
 	}
 	c.finish(claims, &b)
@@ -315,7 +315,7 @@ func (s *scheduler) retention(ctx context.Context, q *queue, now time.Time, arch
 				return false
 			})
 			if err != nil {
-				c.log.Error("scheduler: read retention", logQueue, q.name, logErr, err)
+				c.log.Error("scheduler: read retention", LogQueue, q.name, LogErr, err)
 				return now.Add(time.Second), false
 			}
 			if len(victims) == 0 {
@@ -344,7 +344,7 @@ func (s *scheduler) retention(ctx context.Context, q *queue, now time.Time, arch
 				return now.Add(busyRetry), false // another daemon changed one: read again
 			}
 			if err != nil {
-				c.log.Error("scheduler: retention commit", logQueue, q.name, logErr, err)
+				c.log.Error("scheduler: retention commit", LogQueue, q.name, LogErr, err)
 				return now.Add(time.Second), false
 			}
 			r.excess -= int64(len(b.ops))

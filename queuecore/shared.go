@@ -101,7 +101,7 @@ func (c *Core) external(ch Change) {
 	}
 	if ch.Queue == "" || ch.Name == "" {
 		if err := c.reloadQueues(context.Background()); err != nil {
-			c.log.Warn("reload queues from the shared store", logErr, err)
+			c.log.Warn("reload queues from the shared store", LogErr, err)
 		}
 		if ch.Queue == "" {
 			// Hints were lost: any queue may have ready messages now.
@@ -122,7 +122,7 @@ func (c *Core) external(ch Change) {
 	c.mu.Unlock()
 	if q == nil {
 		if err := c.reloadQueues(context.Background()); err != nil {
-			c.log.Warn("reload queues from the shared store", logErr, err)
+			c.log.Warn("reload queues from the shared store", LogErr, err)
 		}
 		return
 	}
@@ -176,14 +176,14 @@ func (c *Core) reloadQueues(ctx context.Context) error {
 		if perr != nil {
 			if q == nil || q.policy.broken == "" {
 				c.log.Error("STORED POLICY CANNOT BE LOADED: queue closed (leasing paused, publishes refused with EIO) until a valid policy is written to its .policy",
-					logQueue, info.Name, logErr, perr)
+					LogQueue, info.Name, LogErr, perr)
 			}
 			p = brokenPolicy(perr)
 		}
 		if q == nil {
 			if !c.creating[info.Name] {
 				c.queues[info.Name] = newQueue(info, p)
-				c.log.Info("queue created by another daemon", logQueue, info.Name)
+				c.log.Info("queue created by another daemon", LogQueue, info.Name)
 				changed = append(changed, info.Name)
 			}
 			continue
@@ -205,7 +205,7 @@ func (c *Core) reloadQueues(ctx context.Context) error {
 		q.wakeReaders()
 		q.mu.Unlock()
 		delete(c.queues, name)
-		c.log.Info("queue deleted by another daemon", logQueue, name)
+		c.log.Info("queue deleted by another daemon", LogQueue, name)
 		changed = append(changed, name)
 	}
 	c.mu.Unlock()
@@ -402,7 +402,7 @@ func (l *sharedLeaser) beforeRetention(ctx context.Context, now time.Time) (map[
 	}
 	if now.Sub(l.reloadedAt) >= sharedReload {
 		if err := l.c.reloadQueues(ctx); err != nil {
-			l.c.log.Warn("scheduler: reload queues from the shared store", logErr, err)
+			l.c.log.Warn("scheduler: reload queues from the shared store", LogErr, err)
 		} else {
 			l.reloadedAt = now
 		}

@@ -350,7 +350,7 @@ func (sp *space) reclaim(ctx context.Context, urgent, now bool) {
 	}
 	sp.lastReclaim = time.Now()
 	if err := s.Reclaim(ctx, urgent); err != nil {
-		sp.note(slog.LevelWarn, "store could not give space back yet", "path", sp.dir, logErr, err)
+		sp.note(slog.LevelWarn, "store could not give space back yet", "path", sp.dir, LogErr, err)
 	}
 }
 
@@ -372,14 +372,14 @@ func (sp *space) keepReserve(free, floor int64) {
 	f, err := os.OpenFile(sp.reserve, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		sp.reserveFails++
-		sp.note(slog.LevelWarn, "cannot make the space reserve", "path", sp.reserve, logErr, err)
+		sp.note(slog.LevelWarn, "cannot make the space reserve", "path", sp.reserve, LogErr, err)
 		return
 	}
 	defer f.Close()
 	if err := fallocate(f, want); err != nil {
 		sp.reserveFails++
 		_ = f.Truncate(0)
-		sp.note(slog.LevelWarn, "cannot make the space reserve", "path", sp.reserve, logErr, err)
+		sp.note(slog.LevelWarn, "cannot make the space reserve", "path", sp.reserve, LogErr, err)
 		return
 	}
 	sp.reserveHeld.Store(want)
@@ -396,7 +396,7 @@ func (sp *space) dropReserve() bool {
 		return false
 	}
 	if err := os.Truncate(sp.reserve, 0); err != nil && !errors.Is(err, os.ErrNotExist) {
-		sp.note(slog.LevelWarn, "cannot free the space reserve", "path", sp.reserve, logErr, err)
+		sp.note(slog.LevelWarn, "cannot free the space reserve", "path", sp.reserve, LogErr, err)
 		return false
 	}
 	sp.note(slog.LevelWarn, "disk short: space reserve given back to let consumers drain", "path", sp.reserve, "bytes", held)
@@ -461,7 +461,7 @@ func (sp *space) trimArchive(ctx context.Context, floor int64) {
 	err := c.commit(ctx, &b)
 	c.finish(claims, &b)
 	if err != nil {
-		sp.note(slog.LevelWarn, "could not trim the archive on a low disk", logErr, err)
+		sp.note(slog.LevelWarn, "could not trim the archive on a low disk", LogErr, err)
 		return
 	}
 	sp.trimmed.Add(int64(n))

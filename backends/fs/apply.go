@@ -388,7 +388,7 @@ func (s *Store) checkLimitLocked(changes []change) error {
 		if c.old == nil {
 			if ok, skipped := s.full.allow(time.Now()); ok {
 				s.log.Warn("fs store full: publishes refused (EDQUOT) until messages are acked or deleted",
-					logLimit, s.cfg.maxMessages, "refused_since_last_line", skipped)
+					queuecore.LogLimit, s.cfg.maxMessages, "refused_since_last_line", skipped)
 			}
 			return fmt.Errorf("fs store holds %d messages, its limit (--fs-max-messages): %w", s.cfg.maxMessages, queuecore.ErrStoreFull)
 		}

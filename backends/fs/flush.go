@@ -143,7 +143,7 @@ func (s *Store) flushSoon() {
 		gen := f.gen
 		f.mu.Unlock()
 		if err := s.flushUntil(gen); err != nil {
-			s.log.Error("flush of leases and acks failed", logErr, err)
+			s.log.Error("flush of leases and acks failed", queuecore.LogErr, err)
 		}
 	})
 }
@@ -190,14 +190,14 @@ func (s *Store) flush() (uint64, error) {
 		}
 		s.dropStaleLocked(p)
 		if err := unix.Unlink(p); err != nil && !errors.Is(err, unix.ENOENT) {
-			s.log.Warn("cannot remove the old name of a moved message", logPath, p, logErr, err)
+			s.log.Warn("cannot remove the old name of a moved message", queuecore.LogPath, p, queuecore.LogErr, err)
 		}
 		later = append(later, filepath.Dir(p))
 	}
 	s.mu.Unlock()
 	for _, p := range take.intents {
 		if err := os.RemoveAll(p); err != nil {
-			s.log.Warn("cannot remove a batch's intent", logPath, p, logErr, err)
+			s.log.Warn("cannot remove a batch's intent", queuecore.LogPath, p, queuecore.LogErr, err)
 		}
 	}
 	retry := s.finishTxns(take.txns)

@@ -187,7 +187,7 @@ func (s *Store) emptyTrash() {
 		defer s.trashWG.Done()
 		for _, n := range names {
 			if err := os.RemoveAll(filepath.Join(d, n)); err != nil {
-				s.log.Warn("cannot empty the trash", logPath, filepath.Join(d, n), logErr, err)
+				s.log.Warn("cannot empty the trash", queuecore.LogPath, filepath.Join(d, n), queuecore.LogErr, err)
 			}
 		}
 	}()
@@ -238,15 +238,15 @@ func (s *Store) finishIntents(sc *scan) ([]string, error) {
 		data, err := os.ReadFile(filepath.Join(p, intentName))
 		var in intent
 		if err != nil || json.Unmarshal(data, &in) != nil || !in.End {
-			s.log.Info("dropped an intent cut short (its batch had not begun)", logPath, p)
+			s.log.Info("dropped an intent cut short (its batch had not begun)", queuecore.LogPath, p)
 			continue
 		}
-		s.log.Debug("finishing a batch", logPath, p, "intent", string(data))
+		s.log.Debug("finishing a batch", queuecore.LogPath, p, "intent", string(data))
 		byID := sc.byID()
 		for _, op := range in.Ops {
 			s.finishIntentOp(p, op, byID[op.ID])
 		}
-		s.log.Info("finished a batch a crash had cut short", logPath, p, logCount, len(in.Ops))
+		s.log.Info("finished a batch a crash had cut short", queuecore.LogPath, p, queuecore.LogCount, len(in.Ops))
 		for cur := s.batchGen.Load(); in.Batch > cur && !s.batchGen.CompareAndSwap(cur, in.Batch); cur = s.batchGen.Load() {
 		}
 	}
@@ -302,7 +302,7 @@ func (s *Store) finishIntentOp(dir string, op intentOp, f *file) {
 		}
 		t := encodeTxn(txn{from: f.rel, to: op.To, fields: fs})
 		if err := unix.Lsetxattr(f.abs(s), xattrPrefix+keyTxn, t, 0); err != nil {
-			s.log.Warn("cannot finish a batch's change of a message", logPath, f.abs(s), logErr, err)
+			s.log.Warn("cannot finish a batch's change of a message", queuecore.LogPath, f.abs(s), queuecore.LogErr, err)
 		}
 	}
 }
@@ -371,7 +371,7 @@ func readAttrs(p string) (map[string][]byte, error) {
 func (s *Store) toLostFound(p, rel, why string) {
 	dst := filepath.Join(s.dir, lostFoundDir, filepath.FromSlash(rel))
 	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
-		s.log.Error("cannot move to lost+found", logPath, p, logReason, why, logErr, err)
+		s.log.Error("cannot move to lost+found", queuecore.LogPath, p, queuecore.LogReason, why, queuecore.LogErr, err)
 		return
 	}
 	for i := 1; ; i++ {
@@ -381,10 +381,10 @@ func (s *Store) toLostFound(p, rel, why string) {
 		dst = filepath.Join(s.dir, lostFoundDir, filepath.FromSlash(rel)) + "." + strconv.Itoa(i)
 	}
 	if err := os.Rename(p, dst); err != nil {
-		s.log.Error("cannot move to lost+found", logPath, p, logReason, why, logErr, err)
+		s.log.Error("cannot move to lost+found", queuecore.LogPath, p, queuecore.LogReason, why, queuecore.LogErr, err)
 		return
 	}
-	s.log.Warn("moved to lost+found", logPath, p, "to", dst, logReason, why)
+	s.log.Warn("moved to lost+found", queuecore.LogPath, p, "to", dst, queuecore.LogReason, why)
 	s.fl.note(func(fd *dirt) {
 		fd.dirs[filepath.Dir(p)] = struct{}{}
 		fd.dirs[filepath.Dir(dst)] = struct{}{}
@@ -402,7 +402,7 @@ func (s *Store) readIDs() error {
 	}
 	n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
 	if err != nil {
-		s.log.Warn("ignored an unreadable ids file; IDs go on from the largest in the tree", logPath, filepath.Join(s.dir, idsName), logErr, err)
+		s.log.Warn("ignored an unreadable ids file; IDs go on from the largest in the tree", queuecore.LogPath, filepath.Join(s.dir, idsName), queuecore.LogErr, err)
 		return nil
 	}
 	s.idsMark = n
@@ -656,12 +656,12 @@ func (sc *scan) stateDir(queue string, st queuecore.State) error {
 				f.txn = &t
 				get = t.get
 			} else {
-				s.log.Warn("ignored an unreadable txn attribute", logPath, p)
+				s.log.Warn("ignored an unreadable txn attribute", queuecore.LogPath, p)
 			}
 		}
 		f.fd = parseFields(get)
 		for _, pr := range f.fd.problems {
-			s.log.Warn("ignored an attribute that cannot be read", logPath, p, logReason, pr)
+			s.log.Warn("ignored an attribute that cannot be read", queuecore.LogPath, p, queuecore.LogReason, pr)
 		}
 		sc.files = append(sc.files, f)
 		sc.byPath[rel] = f
@@ -698,7 +698,7 @@ func (sc *scan) resolveLinks() {
 		for _, f := range group {
 			if f != keep && !f.gone {
 				if err := os.Remove(f.abs(s)); err != nil {
-					s.log.Warn("cannot remove an extra name of a message", logPath, f.abs(s), logErr, err)
+					s.log.Warn("cannot remove an extra name of a message", queuecore.LogPath, f.abs(s), queuecore.LogErr, err)
 				}
 				f.gone = true
 				delete(sc.byPath, f.rel)
@@ -750,15 +750,15 @@ func (sc *scan) finishTxn(group []*file, t *txn) *file {
 	}
 	p := keep.abs(s)
 	if err := writeAllFields(p, t.fields); err != nil {
-		s.log.Warn("cannot finish a change's attributes; its txn attribute stays", logPath, p, logErr, err)
+		s.log.Warn("cannot finish a change's attributes; its txn attribute stays", queuecore.LogPath, p, queuecore.LogErr, err)
 		return keep
 	}
 	if err := unix.Lremovexattr(p, xattrPrefix+keyTxn); err != nil {
-		s.log.Warn("cannot remove a finished txn attribute", logPath, p, logErr, err)
+		s.log.Warn("cannot remove a finished txn attribute", queuecore.LogPath, p, queuecore.LogErr, err)
 	}
 	if s.durable {
 		if err := s.fsyncPath(p); err != nil {
-			s.log.Warn("cannot sync a finished change", logPath, p, logErr, err)
+			s.log.Warn("cannot sync a finished change", queuecore.LogPath, p, queuecore.LogErr, err)
 		}
 	}
 	for _, f := range group {
@@ -789,7 +789,7 @@ func (sc *scan) syncDirs(dirs ...string) {
 			continue
 		}
 		if err := s.fsyncPath(d); err != nil {
-			s.log.Warn("cannot sync a directory", logPath, d, logErr, err)
+			s.log.Warn("cannot sync a directory", queuecore.LogPath, d, queuecore.LogErr, err)
 			s.fl.note(func(fd *dirt) { fd.dirs[d] = struct{}{} })
 		}
 	}
@@ -923,7 +923,7 @@ func (sc *scan) add(f *file, m queuecore.Message, kind queuecore.HandKind) {
 	s.hand = append(s.hand, h)
 	s.rewrite[m.ID] = true
 	sc.note(kind.String())
-	s.log.Debug("found changed by hand", logPath, f.rel, "kind", kind.String(), logID, m.ID,
+	s.log.Debug("found changed by hand", queuecore.LogPath, f.rel, "kind", kind.String(), queuecore.LogID, m.ID,
 		"from_queue", h.FromQueue, "from_state", h.From.Dir(), "had_id", f.fd.msg.ID)
 }
 
@@ -953,7 +953,7 @@ func (sc *scan) readManifest() error {
 		sc.note(queuecore.HandGone.String())
 	}
 	if err := r.Err(); err != nil {
-		s.log.Warn("manifest cut short; removals by hand past it are not counted", logPath, p, logErr, err)
+		s.log.Warn("manifest cut short; removals by hand past it are not counted", queuecore.LogPath, p, queuecore.LogErr, err)
 	}
 	if err := os.Remove(p); err != nil {
 		return err
@@ -967,7 +967,7 @@ func (sc *scan) readManifest() error {
 // report logs what Open did, in one line.
 func (sc *scan) report(took time.Duration) {
 	s := sc.s
-	args := []any{"queues", len(sc.queues), "messages", s.ix.n, logTook, took.Round(time.Millisecond)}
+	args := []any{"queues", len(sc.queues), "messages", s.ix.n, queuecore.LogTook, took.Round(time.Millisecond)}
 	if sc.fixed > 0 {
 		args = append(args, "changes_finished", sc.fixed)
 	}
@@ -999,7 +999,7 @@ func (s *Store) readQueue(name string, dirInfo fs.FileInfo) (queuecore.QueueInfo
 		if err := s.writeQueueFile(info); err != nil {
 			return info, err
 		}
-		s.log.Info("queue directory without policy.json: taken as a queue with the default policy", logQueue, name)
+		s.log.Info("queue directory without policy.json: taken as a queue with the default policy", queuecore.LogQueue, name)
 		return info, nil
 	}
 	if err != nil {
@@ -1017,7 +1017,7 @@ func (s *Store) readQueue(name string, dirInfo fs.FileInfo) (queuecore.QueueInfo
 		}
 		n, err := strconv.ParseUint(string(v), base, 32)
 		if err != nil {
-			s.log.Warn("ignored an attribute that cannot be read", logPath, p, logReason, fmt.Sprintf("%s=%q: %v", k, v, err))
+			s.log.Warn("ignored an attribute that cannot be read", queuecore.LogPath, p, queuecore.LogReason, fmt.Sprintf("%s=%q: %v", k, v, err))
 			return 0, false
 		}
 		return uint32(n), true

@@ -133,7 +133,7 @@ func (s *Store) DeleteQueue(ctx context.Context, name string) error {
 	go func() {
 		defer s.trashWG.Done()
 		if err := os.RemoveAll(dst); err != nil {
-			s.log.Warn("cannot empty the trash", logPath, dst, logErr, err)
+			s.log.Warn("cannot empty the trash", queuecore.LogPath, dst, queuecore.LogErr, err)
 		}
 	}()
 	return err

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"yirangmq/backends"
+	"yirangmq/queuecore"
 )
 
 // Spare files: empty files created ahead of need in DIR/spare, which a
@@ -224,7 +225,7 @@ func (p *spares) failed(err error) {
 	if p.off.Swap(true) {
 		return
 	}
-	p.log.Warn("spare body files turned off; publishes create their own", logErr, err)
+	p.log.Warn("spare body files turned off; publishes create their own", queuecore.LogErr, err)
 }
 
 // run creates spares until the pool is full, then waits for room.
@@ -238,7 +239,7 @@ func (p *spares) run() {
 			// own files meanwhile, and the next one to find the pool
 			// empty wakes us.
 			if !failed {
-				p.log.Warn("cannot create spare body files; publishes create their own", logErr, err)
+				p.log.Warn("cannot create spare body files; publishes create their own", queuecore.LogErr, err)
 				failed = true
 			}
 			select {

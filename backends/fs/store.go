@@ -42,19 +42,6 @@ const (
 	tempPrefix = ".yirangmq.tmp."
 )
 
-// Log keys.
-const (
-	logDir    = "dir"
-	logPath   = "path"
-	logID     = "id"
-	logErr    = "err"
-	logCount  = "count"
-	logQueue  = "queue"
-	logReason = "reason"
-	logTook   = "took"
-	logLimit  = "limit"
-)
-
 var errBadOp = errors.New("invalid op")
 
 // fuseSuperMagic is statfs(2)'s f_type of a FUSE file system.
@@ -171,7 +158,7 @@ func open(ctx context.Context, dir string, opts backends.Options, cfg config) (*
 		dir:     dir,
 		qdir:    filepath.Join(dir, queuesDir),
 		opts:    opts,
-		log:     opts.Log().With(logDir, dir),
+		log:     opts.Log().With(queuecore.LogDir, dir),
 		cfg:     cfg,
 		lock:    lock,
 		durable: opts.Sync.Durable(),
@@ -196,7 +183,7 @@ func open(ctx context.Context, dir string, opts backends.Options, cfg config) (*
 	}
 	if s.spares, err = startSpares(dir, n, s.log); err != nil {
 		// Publishes create their own files, as without the pool.
-		s.log.Warn("no spare body files", logErr, err)
+		s.log.Warn("no spare body files", queuecore.LogErr, err)
 	}
 	return s, nil
 }
@@ -259,7 +246,7 @@ func (s *Store) failLocked(err error) {
 		return
 	}
 	s.failErr = err
-	s.log.Error("fs store failed; it refuses changes until reopened", logErr, err)
+	s.log.Error("fs store failed; it refuses changes until reopened", queuecore.LogErr, err)
 }
 
 // Queues lists every queue by name.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"yirangmq/backends/fs/internal/format1"
+	"yirangmq/queuecore"
 )
 
 // upgrade converts a store of format 1 (metadata in a snapshot and a
@@ -57,9 +58,9 @@ func (s *Store) upgrade(ctx context.Context) error {
 	}
 	for _, n := range []string{"journal", "journal.old", "spill", "spare", "staged"} {
 		if err := os.RemoveAll(filepath.Join(s.dir, n)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			s.log.Warn("cannot remove a file of format 1", logPath, filepath.Join(s.dir, n), logErr, err)
+			s.log.Warn("cannot remove a file of format 1", queuecore.LogPath, filepath.Join(s.dir, n), queuecore.LogErr, err)
 		}
 	}
-	s.log.Info("converted the fs store to format 2", "queues", len(qs), "messages", len(msgs), logTook, time.Since(start).Round(time.Millisecond))
+	s.log.Info("converted the fs store to format 2", "queues", len(qs), "messages", len(msgs), queuecore.LogTook, time.Since(start).Round(time.Millisecond))
 	return nil
 }

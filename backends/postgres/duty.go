@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"yirangmq/queuecore"
 )
 
 // Duty timing: the holder checks its connection, and the others try the
@@ -63,7 +65,7 @@ func (s *Store) dutyStep(ctx context.Context, d *dutyState) {
 		c, err := s.connect(ctx)
 		if err != nil {
 			if ctx.Err() == nil && !d.failing {
-				s.log.Warn("duty: cannot connect; retrying every second", logErr, err)
+				s.log.Warn("duty: cannot connect; retrying every second", queuecore.LogErr, err)
 			}
 			d.failing = true
 			return
@@ -76,7 +78,7 @@ func (s *Store) dutyStep(ctx context.Context, d *dutyState) {
 		// idle_session_timeout is PostgreSQL 14's; older servers skip it.
 		for _, set := range dutySessionSettings {
 			if _, err := c.Exec(ctx, set); err != nil {
-				s.log.Debug("duty: session setting refused", "setting", set, logErr, err)
+				s.log.Debug("duty: session setting refused", "setting", set, queuecore.LogErr, err)
 			}
 		}
 		d.c = c
@@ -89,7 +91,7 @@ func (s *Store) dutyStep(ctx context.Context, d *dutyState) {
 			d.held = false
 			s.dropDutyConn(d)
 			if ctx.Err() == nil {
-				s.log.Info("duty lost", logErr, err)
+				s.log.Info("duty lost", queuecore.LogErr, err)
 			}
 		}
 		return
@@ -98,7 +100,7 @@ func (s *Store) dutyStep(ctx context.Context, d *dutyState) {
 	if err := d.c.QueryRow(qctx, "SELECT pg_try_advisory_lock($1)", s.dutyKey).Scan(&got); err != nil {
 		s.dropDutyConn(d)
 		if ctx.Err() == nil && !d.failing {
-			s.log.Warn("duty: cannot try the lock; retrying every second", logErr, err)
+			s.log.Warn("duty: cannot try the lock; retrying every second", queuecore.LogErr, err)
 		}
 		d.failing = true
 		return

@@ -141,7 +141,7 @@ func (s *Store) deliver(c queuecore.Change) {
 func (s *Store) handle(payload string) {
 	origin, changes, err := parsePayload(payload)
 	if err != nil {
-		s.log.Warn("unreadable change hint; treating it as a resync", logErr, err)
+		s.log.Warn("unreadable change hint; treating it as a resync", queuecore.LogErr, err)
 		changes = []queuecore.Change{{}}
 	} else if origin == s.origin {
 		return
@@ -176,7 +176,7 @@ func (s *Store) listenLoop(ctx context.Context, c *pgx.Conn) {
 		if ctx.Err() != nil {
 			return
 		}
-		s.log.Warn("change listener lost its connection; reconnecting", logErr, err)
+		s.log.Warn("change listener lost its connection; reconnecting", queuecore.LogErr, err)
 		if c = s.reconnectListener(ctx); c == nil {
 			return
 		}
@@ -247,7 +247,7 @@ func (s *Store) reconnectListener(ctx context.Context) *pgx.Conn {
 			return nil
 		}
 		if time.Since(lastWarn) >= reconnectNoise {
-			s.log.Warn("change listener cannot reconnect; retrying", logErr, err)
+			s.log.Warn("change listener cannot reconnect; retrying", queuecore.LogErr, err)
 			lastWarn = time.Now()
 		}
 		delay = min(2*delay, maxBackoff)

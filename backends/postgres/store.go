@@ -37,12 +37,6 @@ const (
 	defaultMaxConns = 16
 )
 
-// Log keys.
-const (
-	logErr   = "err"
-	logQueue = "queue"
-)
-
 // errClosed is returned by the methods of a closed store.
 var errClosed = errors.New("postgres store is closed")
 
@@ -327,7 +321,7 @@ func (s *Store) noteOutage(err error) {
 		return
 	}
 	if down {
-		s.log.Error("database unreachable: operations through the mount fail with EIO until it is back", logErr, err)
+		s.log.Error("database unreachable: operations through the mount fail with EIO until it is back", queuecore.LogErr, err)
 	} else {
 		s.log.Info("database reachable again")
 	}
@@ -346,7 +340,7 @@ func (s *Store) diskFull(err error) error {
 	if err == nil || !errors.As(err, &pgErr) || pgErr.Code != codeDiskFull {
 		return err
 	}
-	s.log.Error("the database server's disk is full: writes fail with ENOSPC until it has room", logErr, pgErr.Message)
+	s.log.Error("the database server's disk is full: writes fail with ENOSPC until it has room", queuecore.LogErr, pgErr.Message)
 	return fmt.Errorf("%w (%w)", err, syscall.ENOSPC)
 }
 

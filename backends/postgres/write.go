@@ -90,7 +90,7 @@ func (s *Store) Apply(ctx context.Context, ops []queuecore.Op) error {
 		// The connection broke after the batch reached the server, and
 		// its first insert is there: the batch committed (it is one
 		// transaction, and that ID was this daemon's alone).
-		s.log.Warn("apply: the answer was lost but the batch committed", logErr, err)
+		s.log.Warn("apply: the answer was lost but the batch committed", queuecore.LogErr, err)
 		err = nil
 	}
 	s.noteOutage(err)

@@ -177,7 +177,7 @@ func (s *Store) syncFailed() {
 	s.removals.due = nil
 	s.removals.mu.Unlock()
 	if first {
-		s.log.Error("a sync of the WAL failed: the body files of acked messages are kept until the next start", logPath, s.path)
+		s.log.Error("a sync of the WAL failed: the body files of acked messages are kept until the next start", queuecore.LogPath, s.path)
 	}
 }
 
@@ -286,7 +286,7 @@ func (s *Store) createFile(id uint64) (*os.File, error) {
 	} else if !errors.Is(err, queuecore.ErrNotFound) {
 		return nil, err
 	}
-	s.log.Warn("removing a body file that no message names", logPath, path)
+	s.log.Warn("removing a body file that no message names", queuecore.LogPath, path)
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("remove orphan body file: %w", err)
 	}
@@ -303,7 +303,7 @@ func (s *Store) createFile(id uint64) (*os.File, error) {
 func (s *Store) removeFiles(ids []uint64) {
 	for _, id := range ids {
 		if err := os.Remove(s.bodyPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			s.log.Warn("could not remove a body file; the next start removes it", logPath, s.bodyPath(id), "err", err)
+			s.log.Warn("could not remove a body file; the next start removes it", queuecore.LogPath, s.bodyPath(id), "err", err)
 		}
 	}
 }
@@ -430,7 +430,7 @@ func (s *Store) openFiles() error {
 	for _, e := range ents {
 		id, err := strconv.ParseUint(e.Name(), 10, 64)
 		if err != nil || strconv.FormatUint(id, 10) != e.Name() || !e.Type().IsRegular() {
-			s.log.Warn("not a body file; left alone", logPath, filepath.Join(s.bodies, e.Name()))
+			s.log.Warn("not a body file; left alone", queuecore.LogPath, filepath.Join(s.bodies, e.Name()))
 			continue
 		}
 		if size, ok := named[id]; ok {
@@ -446,7 +446,7 @@ func (s *Store) openFiles() error {
 		removed++
 	}
 	if removed > 0 {
-		s.log.Info("removed body files that no message names (left by a crash)", logPath, s.bodies, "files", removed)
+		s.log.Info("removed body files that no message names (left by a crash)", queuecore.LogPath, s.bodies, "files", removed)
 	}
 	var lost []uint64
 	for id, size := range named {
@@ -460,7 +460,7 @@ func (s *Store) openFiles() error {
 		if _, err := s.w.conn.Exec("DELETE FROM messages WHERE id = ?", []driver.Value{int64(id)}); err != nil {
 			return fmt.Errorf("delete message %d whose body file is missing: %w", id, err)
 		}
-		s.log.Error("message deleted: its body file is missing or short (an ack that a power cut undid after the file was removed, a power cut in --sync normal, or a file changed by hand)", logPath, s.bodyPath(id), "id", id)
+		s.log.Error("message deleted: its body file is missing or short (an ack that a power cut undid after the file was removed, a power cut in --sync normal, or a file changed by hand)", queuecore.LogPath, s.bodyPath(id), "id", id)
 		if err := os.Remove(s.bodyPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("remove short body file: %w", err)
 		}

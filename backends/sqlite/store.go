@@ -45,12 +45,6 @@ const (
 	journalSizeLimit = 64 << 20
 )
 
-// Log keys.
-const (
-	logPath = "path"
-	logSync = "sync"
-)
-
 var errClosed = fmt.Errorf("sqlite store: %w", queuecore.ErrClosed)
 
 // Store is a queuecore.Store in a SQLite database.
@@ -178,14 +172,14 @@ func open(ctx context.Context, dir string, opts backends.Options, tun config) (*
 	s.lazy.onSynced = s.synced
 	s.lazy.onFailed = s.syncFailed
 	s.lazy.onErr = func(err error) {
-		s.log.Error("sync of the WAL after leases and acks failed; retried", logPath, s.path, "err", err)
+		s.log.Error("sync of the WAL after leases and acks failed; retried", queuecore.LogPath, s.path, "err", err)
 	}
 	if err := s.open(); err != nil {
 		s.closeConns()
 		lock.Unlock()
 		return nil, fmt.Errorf("open sqlite store %s: %w", s.path, err)
 	}
-	s.log.Debug("sqlite store open", logPath, s.path, logSync, s.sync.String())
+	s.log.Debug("sqlite store open", queuecore.LogPath, s.path, queuecore.LogSync, s.sync.String())
 	return s, nil
 }
 
@@ -353,7 +347,7 @@ func (s *Store) Close() error {
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("close sqlite store %s: %w", s.path, err)
 	}
-	s.log.Debug("sqlite store closed", logPath, s.path)
+	s.log.Debug("sqlite store closed", queuecore.LogPath, s.path)
 	return nil
 }
 

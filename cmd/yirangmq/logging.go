@@ -30,13 +30,6 @@ const (
 	keySuppressed = "suppressed"
 )
 
-// Log keys of the daemon's own lines, named as the other packages name
-// them.
-const (
-	logErr        = "err"
-	logMountpoint = "mountpoint"
-)
-
 // throttleHandler rate-limits two kinds of lines:
 //
 //   - repeated failures: lines that carry an error of a class that repeats
@@ -133,7 +126,7 @@ const logUID = "uid"
 // names, or "".
 func throttleKey(r slog.Record) (class, uid string) {
 	r.Attrs(func(a slog.Attr) bool {
-		if a.Key == logUID {
+		if a.Key == queuecore.LogUID {
 			uid = a.Value.String()
 			return true
 		}

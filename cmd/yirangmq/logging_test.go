@@ -66,10 +66,10 @@ func TestThrottleHandler(t *testing.T) {
 	// by kind and per uid: one user's flood does not hide another's.
 	out.Reset()
 	for i := 0; i < 1000; i++ {
-		log.Warn("create refused", "name", i, logUID, 1000, "err", errors.New("invalid name"))
+		log.Warn("create refused", "name", i, queuecore.LogUID, 1000, "err", errors.New("invalid name"))
 	}
-	log.Warn("create refused", "name", "x", logUID, 1001, "err", errors.New("invalid name"))
-	log.Warn("rename refused", "name", "x", logUID, 1000)
+	log.Warn("create refused", "name", "x", queuecore.LogUID, 1001, "err", errors.New("invalid name"))
+	log.Warn("rename refused", "name", "x", queuecore.LogUID, 1000)
 	got = out.String()
 	if n := strings.Count(got, "\n"); n != throttleBurst+2 {
 		t.Errorf("1000 refusals of uid 1000, one of uid 1001, one of another kind: %d lines, want %d:\n%s", n, throttleBurst+2, got)
@@ -79,7 +79,7 @@ func TestThrottleHandler(t *testing.T) {
 	}
 	out.Reset()
 	now = now.Add(throttleEvery)
-	log.Warn("create refused", "name", "y", logUID, 1000, "err", errors.New("invalid name"))
+	log.Warn("create refused", "name", "y", queuecore.LogUID, 1000, "err", errors.New("invalid name"))
 	if got := out.String(); !strings.Contains(got, keySuppressed+"=995") {
 		t.Errorf("next interval: %q, want one line saying 995 were left out", got)
 	}

@@ -284,11 +284,11 @@ func mount(ctx context.Context, env *cliEnv, args []string) (err error) {
 	if info, ok, _ := fusefs.LookupMount(mountpoint); ok {
 		conn = info.Conn // for stop, below
 	}
-	log.Info("mounted", logMountpoint, mountpoint, "backend", f.backend, "store", shown, "sync", f.sync, "allow_other", allowOther, "min_free", f.minFree, "pid", os.Getpid())
+	log.Info("mounted", queuecore.LogMountpoint, mountpoint, "backend", f.backend, "store", shown, "sync", f.sync, "allow_other", allowOther, "min_free", f.minFree, "pid", os.Getpid())
 	signalReady()
 	// systemd (Type=notify): ready only once the mount serves.
 	if _, err := sdnotify.SdNotify(false, sdnotify.SdNotifyReady+"\nSTATUS=serving "+mountpoint); err != nil {
-		log.Warn("tell systemd we are ready", logErr, err)
+		log.Warn("tell systemd we are ready", queuecore.LogErr, err)
 	}
 
 	served := make(chan struct{})
@@ -301,7 +301,7 @@ func mount(ctx context.Context, env *cliEnv, args []string) (err error) {
 		_, _ = sdnotify.SdNotify(false, sdnotify.SdNotifyStopping)
 		log.Info("unmounting", "mountpoint", mountpoint)
 		if err := server.Unmount(); err != nil {
-			log.Warn("unmount failed, detaching lazily", logMountpoint, mountpoint, logErr, err)
+			log.Warn("unmount failed, detaching lazily", queuecore.LogMountpoint, mountpoint, queuecore.LogErr, err)
 			_ = unix.Unmount(mountpoint, unix.MNT_DETACH)
 		}
 		stopServing(served, conn, mountpoint, log)
@@ -332,8 +332,8 @@ func stopServing(served <-chan struct{}, conn, mountpoint string, log *slog.Logg
 		}
 		if holders := mountHolders(conn); len(holders) > 0 {
 			log.Warn("the mount is still held in another mount namespace: aborting its connection to stop",
-				logMountpoint, mountpoint, "fuse_connection", conn, "holder_pid", holders[0].pid, "holder_comm", holders[0].comm,
-				logErr, fusefs.AbortConnection(conn))
+				queuecore.LogMountpoint, mountpoint, "fuse_connection", conn, "holder_pid", holders[0].pid, "holder_comm", holders[0].comm,
+				queuecore.LogErr, fusefs.AbortConnection(conn))
 			<-served
 			return
 		}
@@ -560,7 +560,7 @@ func recoverMountpoint(mountpoint string, log *slog.Logger) (aborted bool, err e
 			return false, fmt.Errorf("%s is already a yirangmq mount (unmount it first)", mountpoint)
 		case errors.Is(err, unix.ENOTCONN):
 			err := unix.Unmount(mountpoint, unix.MNT_DETACH)
-			log.Warn("detached a dead mount left by a crashed daemon", logMountpoint, mountpoint, logErr, err)
+			log.Warn("detached a dead mount left by a crashed daemon", queuecore.LogMountpoint, mountpoint, queuecore.LogErr, err)
 			return false, nil
 		}
 		return false, nil
