@@ -76,12 +76,28 @@ func runUmount(ctx context.Context, env *cliEnv, args []string) error {
 	if err := unmount(mp, *lazy); err != nil {
 		return err
 	}
-	if *lazy || pidfd < 0 {
-		return nil // a dead mount's daemon is gone already
+	if *lazy {
+		return nil
+	}
+	// Without the daemon's pid (its .stats did not answer in time: a
+	// dead mount, or a daemon busy under load), its FUSE connection
+	// tells: it goes when the daemon has let go of /dev/fuse.
+	gone := func() bool {
+		if pidfd >= 0 {
+			return exited(pidfd, time.Second)
+		}
+		if info.Conn == "" {
+			return true
+		}
+		if _, err := os.Stat("/sys/fs/fuse/connections/" + info.Conn); errors.Is(err, os.ErrNotExist) {
+			return true
+		}
+		time.Sleep(time.Second)
+		return false
 	}
 	deadline := time.Now().Add(*timeout)
 	for {
-		if exited(pidfd, time.Second) {
+		if gone() {
 			return nil
 		}
 		if holders := mountHolders(info.Conn); len(holders) > 0 {
@@ -227,7 +243,11 @@ func mountOf(path, dev string) (string, bool) {
 // heldElsewhere explains why the daemon goes on serving.
 func heldElsewhere(mp string, pid int, holders []holder) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "unmounted %s here, but the daemon (pid %d) keeps serving: %d other mount namespace(s) still hold the mount, so the kernel has not let it go:", mp, pid, len(holders))
+	daemon, kill := fmt.Sprintf("the daemon (pid %d)", pid), fmt.Sprintf("`kill %d`", pid)
+	if pid <= 0 {
+		daemon, kill = "the daemon", "kill the daemon"
+	}
+	fmt.Fprintf(&b, "unmounted %s here, but %s keeps serving: %d other mount namespace(s) still hold the mount, so the kernel has not let it go:", mp, daemon, len(holders))
 	for i, h := range holders {
 		if i == 5 {
 			fmt.Fprintf(&b, "\n  and %d more", len(holders)-i)
@@ -236,6 +256,6 @@ func heldElsewhere(mp string, pid int, holders []holder) error {
 		fmt.Fprintf(&b, "\n  pid %d (%s) has it at %s", h.pid, h.comm, h.at)
 	}
 	h := holders[0]
-	fmt.Fprintf(&b, "\nFinish with `nsenter -t %d -m umount %s` for each (or stop those processes): the daemon then exits by itself. Or `kill %d`: it stops within seconds, and the mounts left elsewhere then fail with ENOTCONN.", h.pid, h.at, pid)
+	fmt.Fprintf(&b, "\nFinish with `nsenter -t %d -m umount %s` for each (or stop those processes): the daemon then exits by itself. Or %s: it stops within seconds, and the mounts left elsewhere then fail with ENOTCONN.", h.pid, h.at, kill)
 	return errors.New(b.String())
 }
