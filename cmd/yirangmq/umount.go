@@ -142,7 +142,7 @@ func unmount(mp string, lazy bool) error {
 }
 
 // daemonPid reads the daemon's pid from MOUNT/.stats, or 0 when the
-// mount does not answer within a few seconds (a dead or wedged mount).
+// mount does not answer within 15 s (a dead or wedged mount).
 func daemonPid(mp string) int {
 	got := make(chan int, 1)
 	go func() {
@@ -158,7 +158,7 @@ func daemonPid(mp string) int {
 	select {
 	case pid := <-got:
 		return pid
-	case <-time.After(5 * time.Second):
+	case <-time.After(15 * time.Second):
 		return 0
 	}
 }
