@@ -1,24 +1,16 @@
 package testenv
 
 import (
-	"os"
 	"os/exec"
-	"strings"
+
+	"yirangmq/backends/backendtest"
 )
 
 // EmulatorEnv names the command line that runs a test binary built for
-// another architecture, such as "qemu-arm -L /usr/arm-linux-gnueabihf"
-// (make test-cross sets it). A test that runs its own binary again must
-// start the child through it: without binfmt_misc the kernel cannot run a
-// foreign binary by itself.
-const EmulatorEnv = "YIRANGMQ_TEST_EMULATOR"
+// another architecture (backendtest.EmulatorEnv).
+const EmulatorEnv = backendtest.EmulatorEnv
 
 // SelfCommand returns the command that runs this test binary again with
-// args, under the emulator of EmulatorEnv when one is set.
-func SelfCommand(args ...string) *exec.Cmd {
-	emu := strings.Fields(os.Getenv(EmulatorEnv))
-	if len(emu) == 0 {
-		return exec.Command(os.Args[0], args...)
-	}
-	return exec.Command(emu[0], append(append(emu[1:], os.Args[0]), args...)...)
-}
+// args, under the emulator of EmulatorEnv when one is set
+// (backendtest.SelfCommand).
+func SelfCommand(args ...string) *exec.Cmd { return backendtest.SelfCommand(args...) }

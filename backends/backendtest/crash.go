@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"yirangmq/queuecore"
-	"yirangmq/testenv"
 )
 
 // crashChildEnv, when set, makes RunCrash the child: its value is a JSON
@@ -207,7 +206,7 @@ func runAndKill(t *testing.T, spec crashChildSpec, h *crashHistory, minBatches i
 	if err != nil {
 		return "", err
 	}
-	cmd := testenv.SelfCommand("-test.run="+runPattern(spec.Test), "-test.count=1", "-test.timeout=2m")
+	cmd := SelfCommand("-test.run="+runPattern(spec.Test), "-test.count=1", "-test.timeout=2m")
 	cmd.Env = append(os.Environ(), crashChildEnv+"="+string(env))
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
