@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"yirangmq/backends/disk"
 	"yirangmq/queuecore"
 	"yirangmq/testenv"
 )
@@ -761,7 +762,7 @@ func checkNothingOutside(t *testing.T, d *testenv.Daemon) {
 	backend := strings.Split(t.Name(), "/")[1]
 	if backend == "sqlite" {
 		for _, n := range top {
-			if !strings.HasPrefix(n, "yirangmq.db") && n != "LOCK" && n != queuecore.ReserveName && n != "bodies" {
+			if !strings.HasPrefix(n, "yirangmq.db") && n != "LOCK" && n != disk.ReserveName && n != "bodies" {
 				t.Errorf("sqlite store holds %q", n)
 			}
 		}
@@ -775,7 +776,7 @@ func checkNothingOutside(t *testing.T, d *testenv.Daemon) {
 	}
 	for _, n := range top {
 		switch n {
-		case "LOCK", "format", "snapshot", "ids", "intents", "queues", "trash", "lost+found", "spare", queuecore.ReserveName:
+		case "LOCK", "format", "snapshot", "ids", "intents", "queues", "trash", "lost+found", "spare", disk.ReserveName:
 		default:
 			t.Errorf("fs store holds %q", n)
 		}

@@ -47,15 +47,13 @@ type Options struct {
 	// Backend and StorePath describe the store in daemon stats.
 	Backend, StorePath string
 	Version            string
-	// SpaceDir is a directory on the store's filesystem: the free-space
-	// floor is measured there and the reserve file kept there (space.go).
-	// "" turns the floor off (a database server's store).
-	SpaceDir string
+	// Disk is the file system under the store (backends/disk): the
+	// free-space floor is measured there and the reserve file kept there
+	// (space.go). nil turns the floor off (a database server's store).
+	Disk Disk
 	// MinFree is the free-space floor in bytes: 0 for the default
 	// (DefaultMinFree of the filesystem's size), -1 for none.
 	MinFree int64
-
-	statfs func(dir string) (free, total int64, err error) // tests
 }
 
 // Core is a set of queues on one store.
@@ -97,7 +95,7 @@ type Core struct {
 	// (scheduler.noDeadlines), so an idle daemon does not wake for an
 	// acked lease. Unused on a shared store.
 	timed  atomic.Int64
-	space  *space // nil without Options.SpaceDir
+	space  *space // nil without Options.Disk
 	closed atomic.Bool
 	done   chan struct{}
 	wg     sync.WaitGroup
@@ -183,8 +181,8 @@ func Open(ctx context.Context, store Store, opts Options) (*Core, error) {
 	c.wg.Add(1)
 	go c.sched.run()
 	c.sched.kick()
-	if opts.SpaceDir != "" {
-		c.space = newSpace(c, opts.SpaceDir, opts.MinFree)
+	if opts.Disk != nil {
+		c.space = newSpace(c, opts.Disk, opts.MinFree)
 		c.space.loadReserve()
 		c.wg.Add(1)
 		go c.space.run()

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -45,6 +43,27 @@ type SpaceReclaimer interface {
 	Reclaim(ctx context.Context, urgent bool) error
 }
 
+// Disk is the host's side of the floor: the file system under the store,
+// as the core asks it (backends/disk is the real one; tests fake it). The
+// core decides when space is short and what to free; a Disk only does the
+// system calls.
+type Disk interface {
+	// Path names where the store is, for the log and .stats.
+	Path() string
+	// Free returns the bytes free to the daemon and the file system's size.
+	Free() (free, total int64, err error)
+	// Reserve gives the reserve file size bytes of real blocks; on failure
+	// it holds none.
+	Reserve(size int64) error
+	// Release gives the reserve's blocks back to the file system.
+	Release() error
+	// Reserved is how many bytes of real blocks the reserve holds now
+	// (one an earlier run made).
+	Reserved() int64
+	// ReservePath names the reserve file, for the log.
+	ReservePath() string
+}
+
 // SpaceReuser is a Store that keeps free pages inside its own files (the
 // SQLite freelist): space a publish takes before the filesystem's, so it
 // counts as free against the floor.
@@ -58,12 +77,9 @@ type SpaceReuser interface {
 const (
 	minFreeFloorLow  = 2 << 20
 	minFreeFloorHigh = 64 << 20
-	// ReserveName is the preallocated file in the store's directory that
-	// is given back when the disk is short.
-	ReserveName = "space.reserve"
-	spaceTick   = 200 * time.Millisecond
-	maxReserve  = 16 << 20
-	trimBatch   = 128
+	spaceTick        = 200 * time.Millisecond
+	maxReserve       = 16 << 20
+	trimBatch        = 128
 )
 
 // DefaultMinFree is the floor for a filesystem of total bytes.
@@ -91,12 +107,9 @@ type DiskStats struct {
 // space watches the filesystem under the store.
 type space struct {
 	c       *Core
-	dir     string
+	disk    Disk
 	minFree int64 // the floor; 0 until the first measure when defaulted
 	auto    bool  // minFree follows the filesystem's size
-	reserve string
-
-	statfs func(dir string) (free, total int64, err error)
 
 	free, total  atomic.Int64
 	measuredAt   atomic.Int64 // of free, unix ns
@@ -125,23 +138,12 @@ type space struct {
 	kick    chan struct{}
 }
 
-func statfsDir(dir string) (free, total int64, err error) {
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(dir, &st); err != nil {
-		return 0, 0, err
-	}
-	return int64(st.Bavail) * int64(st.Bsize), int64(st.Blocks) * int64(st.Bsize), nil
-}
-
-// newSpace starts watching dir; minFree < 0 turns the floor off but keeps
-// the watch (stats, reclaim after a failed write).
-func newSpace(c *Core, dir string, minFree int64) *space {
-	sp := &space{c: c, dir: dir, minFree: minFree, auto: minFree == 0, reserve: filepath.Join(dir, ReserveName), statfs: statfsDir, kick: make(chan struct{}, 1)}
+// newSpace starts watching disk; minFree < 0 turns the floor off but
+// keeps the watch (stats, reclaim after a failed write).
+func newSpace(c *Core, disk Disk, minFree int64) *space {
+	sp := &space{c: c, disk: disk, minFree: minFree, auto: minFree == 0, kick: make(chan struct{}, 1)}
 	if minFree < 0 {
 		sp.minFree = 0
-	}
-	if c.opts.statfs != nil {
-		sp.statfs = c.opts.statfs
 	}
 	return sp
 }
@@ -157,7 +159,7 @@ func (sp *space) floor() int64 {
 // measure reads the free space now. The reserve file's blocks are the
 // store's own: they count as free.
 func (sp *space) measure() (int64, error) {
-	free, total, err := sp.statfs(sp.dir)
+	free, total, err := sp.disk.Free()
 	if err != nil {
 		return 0, err
 	}
@@ -215,10 +217,10 @@ func (sp *space) setLow(low bool, free, floor int64) {
 		sp.wake()
 		sp.lowEvents.Add(1)
 		sp.note(slog.LevelWarn, "free space under the store is below the floor: publishes refused with ENOSPC until it is back; consumers go on",
-			"path", sp.dir, "free_bytes", free, "min_free_bytes", floor)
+			"path", sp.disk.Path(), "free_bytes", free, "min_free_bytes", floor)
 	} else {
 		sp.note(slog.LevelInfo, "free space under the store is back above the floor: publishes accepted again",
-			"path", sp.dir, "free_bytes", free, "min_free_bytes", floor)
+			"path", sp.disk.Path(), "free_bytes", free, "min_free_bytes", floor)
 	}
 }
 
@@ -350,7 +352,7 @@ func (sp *space) reclaim(ctx context.Context, urgent, now bool) {
 	}
 	sp.lastReclaim = time.Now()
 	if err := s.Reclaim(ctx, urgent); err != nil {
-		sp.note(slog.LevelWarn, "store could not give space back yet", "path", sp.dir, LogErr, err)
+		sp.note(slog.LevelWarn, "store could not give space back yet", "path", sp.disk.Path(), LogErr, err)
 	}
 }
 
@@ -369,21 +371,13 @@ func (sp *space) keepReserve(free, floor int64) {
 	}
 	sp.reserveMu.Lock()
 	defer sp.reserveMu.Unlock()
-	f, err := os.OpenFile(sp.reserve, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
+	if err := sp.disk.Reserve(want); err != nil {
 		sp.reserveFails++
-		sp.note(slog.LevelWarn, "cannot make the space reserve", "path", sp.reserve, LogErr, err)
-		return
-	}
-	defer f.Close()
-	if err := fallocate(f, want); err != nil {
-		sp.reserveFails++
-		_ = f.Truncate(0)
-		sp.note(slog.LevelWarn, "cannot make the space reserve", "path", sp.reserve, LogErr, err)
+		sp.note(slog.LevelWarn, "cannot make the space reserve", "path", sp.disk.ReservePath(), LogErr, err)
 		return
 	}
 	sp.reserveHeld.Store(want)
-	sp.note(slog.LevelInfo, "space reserve in place", "path", sp.reserve, "bytes", want)
+	sp.note(slog.LevelInfo, "space reserve in place", "path", sp.disk.ReservePath(), "bytes", want)
 }
 
 // dropReserve gives the reserve's space back to the filesystem; it
@@ -395,23 +389,16 @@ func (sp *space) dropReserve() bool {
 	if held == 0 {
 		return false
 	}
-	if err := os.Truncate(sp.reserve, 0); err != nil && !errors.Is(err, os.ErrNotExist) {
-		sp.note(slog.LevelWarn, "cannot free the space reserve", "path", sp.reserve, LogErr, err)
+	if err := sp.disk.Release(); err != nil {
+		sp.note(slog.LevelWarn, "cannot free the space reserve", "path", sp.disk.ReservePath(), LogErr, err)
 		return false
 	}
-	sp.note(slog.LevelWarn, "disk short: space reserve given back to let consumers drain", "path", sp.reserve, "bytes", held)
+	sp.note(slog.LevelWarn, "disk short: space reserve given back to let consumers drain", "path", sp.disk.ReservePath(), "bytes", held)
 	return true
 }
 
 // loadReserve counts a reserve file left by an earlier run.
-func (sp *space) loadReserve() {
-	if fi, err := os.Stat(sp.reserve); err == nil && fi.Mode().IsRegular() {
-		var st syscall.Stat_t
-		if syscall.Stat(sp.reserve, &st) == nil {
-			sp.reserveHeld.Store(min(fi.Size(), st.Blocks*512))
-		}
-	}
-}
+func (sp *space) loadReserve() { sp.reserveHeld.Store(sp.disk.Reserved()) }
 
 // trimArchive deletes archived messages, oldest first across every queue,
 // one batch per tick while free space is under the floor.
@@ -519,24 +506,8 @@ func (sp *space) stats() *DiskStats {
 		}
 	}
 	return &DiskStats{
-		Path: sp.dir, FreeBytes: sp.free.Load(), TotalBytes: sp.total.Load(), MinFreeBytes: sp.floor(),
+		Path: sp.disk.Path(), FreeBytes: sp.free.Load(), TotalBytes: sp.total.Load(), MinFreeBytes: sp.floor(),
 		ReserveBytes: sp.reserveHeld.Load(), Low: sp.low.Load(), PublishesRefusedTotal: sp.refused.Load(),
 		ArchiveTrimmedTotal: sp.trimmed.Load(), LowEventsTotal: sp.lowEvents.Load(),
 	}
-}
-
-// fallocate gives f size bytes of real blocks: fallocate(2), or zeros
-// where the filesystem has no fallocate.
-func fallocate(f *os.File, size int64) error {
-	err := syscall.Fallocate(int(f.Fd()), 0, 0, size)
-	if err == nil || !(errors.Is(err, syscall.EOPNOTSUPP) || errors.Is(err, syscall.ENOSYS)) {
-		return err
-	}
-	buf := make([]byte, 64<<10)
-	for off := int64(0); off < size; off += int64(len(buf)) {
-		if _, err := f.WriteAt(buf[:min(int64(len(buf)), size-off)], off); err != nil {
-			return err
-		}
-	}
-	return f.Sync()
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"yirangmq/backends/disk"
 	"yirangmq/queuecore"
 	"yirangmq/testenv"
 )
@@ -63,7 +64,7 @@ func TestFloorRefusesPublishesOnly(t *testing.T) {
 			}
 			// A reserve file is made while there is room.
 			if !testenv.RetryUntil(5*time.Second, func() bool {
-				fi, err := os.Stat(filepath.Join(dir, queuecore.ReserveName))
+				fi, err := os.Stat(filepath.Join(dir, disk.ReserveName))
 				return err == nil && fi.Size() == 2<<20
 			}) {
 				t.Errorf("no reserve file of 2 MiB (half the floor) in %s", dir)
@@ -115,7 +116,7 @@ func TestFloorRefusesPublishesOnly(t *testing.T) {
 			}
 			// The reserve went for the drain: what is really free is under
 			// half the floor.
-			if fi, err := os.Stat(filepath.Join(dir, queuecore.ReserveName)); err != nil || fi.Size() != 0 || d.Disk.ReserveBytes != 0 {
+			if fi, err := os.Stat(filepath.Join(dir, disk.ReserveName)); err != nil || fi.Size() != 0 || d.Disk.ReserveBytes != 0 {
 				t.Errorf("the reserve file was not given back under half the floor (%v, %+v)", err, d.Disk)
 			}
 
@@ -188,6 +189,15 @@ func TestFloorSeenWhileIdle(t *testing.T) {
 	}
 }
 
+// fakeDisk is the store directory's file system with the free space of
+// free, of 1 GiB in all.
+type fakeDisk struct {
+	*disk.Disk
+	free *atomic.Int64
+}
+
+func (f fakeDisk) Free() (int64, int64, error) { return f.free.Load(), 1 << 30, nil }
+
 // floorCore opens store s in a new directory under a core whose disk is
 // fake (free is what it reports, 100 MiB at first, of 1 GiB), with a
 // floor of 4 MiB and a queue q. Both close when the test ends.
@@ -202,8 +212,7 @@ func floorCore(t *testing.T, opener func(testing.TB) openStore) (*queuecore.Core
 	t.Cleanup(func() { st.Close() })
 	free := new(atomic.Int64)
 	free.Store(100 << 20)
-	opts := queuecore.WithStatfs(queuecore.Options{Clock: testenv.NewFakeClock(t0), SpaceDir: dir, MinFree: 4 << 20},
-		func(string) (int64, int64, error) { return free.Load(), 1 << 30, nil })
+	opts := queuecore.Options{Clock: testenv.NewFakeClock(t0), Disk: fakeDisk{disk.New(dir), free}, MinFree: 4 << 20}
 	core, err := queuecore.Open(ctx, st, opts)
 	if err != nil {
 		t.Fatal(err)

@@ -20,6 +20,7 @@ import (
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 
+	"yirangmq/backends/disk"
 	"yirangmq/fusefs"
 	"yirangmq/queuecore"
 )
@@ -263,13 +264,13 @@ func mount(ctx context.Context, env *cliEnv, args []string) (err error) {
 		opts.BudgetChanged = func(b int64) { gc.setMemoryLimit(heapLimit(b)) }
 	}
 	fsys := fusefs.New(opts)
-	spaceDir := f.store
-	if f.backend == "postgres" {
-		spaceDir = "" // the database server's disk: see docs/operations.md
+	var storeDisk queuecore.Disk
+	if f.backend != "postgres" { // else the database server's disk: see docs/operations.md
+		storeDisk = disk.New(f.store)
 	}
 	core, err := queuecore.Open(ctx, store, queuecore.Options{
 		Logger: log, Backend: f.backend, StorePath: shown, Version: version,
-		SpaceDir: spaceDir, MinFree: minFree,
+		Disk: storeDisk, MinFree: minFree,
 	})
 	if err != nil {
 		return err
@@ -426,7 +427,7 @@ func traceStore(backend, dir, logFile string) storeTrace {
 		return s
 	}
 	_, err := os.Lstat(dir)
-	_, rerr := os.Lstat(filepath.Join(dir, queuecore.ReserveName))
+	_, rerr := os.Lstat(filepath.Join(dir, disk.ReserveName))
 	s.dir, s.newDir, s.hadReserve = dir, errors.Is(err, os.ErrNotExist), rerr == nil
 	return s
 }
@@ -440,7 +441,7 @@ func (s storeTrace) undo(opened bool) {
 		return
 	}
 	if s.dir != "" && opened && !s.hadReserve {
-		os.Remove(filepath.Join(s.dir, queuecore.ReserveName))
+		os.Remove(filepath.Join(s.dir, disk.ReserveName))
 	}
 	if fi, err := os.Stat(s.logFile); s.logFile != "" && err == nil && fi.Size() == 0 {
 		os.Remove(s.logFile)

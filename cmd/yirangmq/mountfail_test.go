@@ -7,8 +7,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
-	"yirangmq/queuecore"
+	"yirangmq/backends/disk"
 	"yirangmq/testenv"
 )
 
@@ -28,6 +29,12 @@ func TestFailedMountSaysWhy(t *testing.T) {
 		t.Fatal(err)
 	}
 	held := testenv.StartDaemon(t, testenv.DaemonOptions{})
+	// The running daemon makes its space reserve in the background, after
+	// it is ready: the listing to compare with is the one after that.
+	testenv.MustRetryUntil(t, 10*time.Second, "the held store's space reserve", func() bool {
+		fi, err := os.Stat(filepath.Join(held.Store, disk.ReserveName))
+		return err == nil && fi.Size() > 0
+	})
 	heldFiles := storeFiles(t, held.Store)
 	dir := t.TempDir()
 	cases := []struct {
@@ -91,7 +98,7 @@ func storeFiles(t *testing.T, dir string) string {
 	var names []string
 	for _, e := range ents {
 		n := e.Name()
-		if n == queuecore.ReserveName {
+		if n == disk.ReserveName {
 			if fi, err := e.Info(); err == nil {
 				n += "(" + strconv.FormatInt(fi.Size(), 10) + ")"
 			}
