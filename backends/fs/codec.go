@@ -3,9 +3,9 @@ package fs
 import (
 	"encoding/binary"
 	"errors"
-	"math"
 	"time"
 
+	"yirangmq/backends"
 	"yirangmq/queuecore"
 )
 
@@ -45,7 +45,7 @@ func newEntry(m *queuecore.Message, q *queue) *entry {
 		if mask&(1<<i) == 0 {
 			continue
 		}
-		n := toNanos(t)
+		n := backends.Nanos(t)
 		b = binary.AppendVarint(b, n-base) // wraps for far-apart times; unpack wraps back
 		if i == 0 {
 			base = n
@@ -99,7 +99,7 @@ func (e *entry) message() queuecore.Message {
 		if i == 0 {
 			base = n
 		}
-		*p = fromNanos(n)
+		*p = backends.FromNanos(n)
 	}
 	m.Attempts = int(r.varint())
 	m.Redrives = int(r.varint())
@@ -175,18 +175,3 @@ func (r *packedReader) str() string {
 	r.s = r.s[n:]
 	return s
 }
-
-// toNanos is t in Unix nanoseconds, clamped to what an int64 holds (the
-// years 1678 to 2262) so that it is defined for every t.
-func toNanos(t time.Time) int64 {
-	const maxSec = math.MaxInt64/1_000_000_000 - 1
-	switch s := t.Unix(); {
-	case s > maxSec:
-		return math.MaxInt64
-	case s < -maxSec:
-		return math.MinInt64
-	}
-	return t.UnixNano()
-}
-
-func fromNanos(n int64) time.Time { return time.Unix(0, n) }

@@ -322,7 +322,7 @@ func (s *Store) List(ctx context.Context, queue string, state queuecore.State, f
 // first.
 func (s *Store) Due(ctx context.Context, t time.Time, limit int) ([]queuecore.Message, error) {
 	limit = max(limit, 0)
-	until := toNanos(t)
+	until := backends.Nanos(t)
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	var out []queuecore.Message
