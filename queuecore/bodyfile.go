@@ -5,10 +5,11 @@ import (
 	"os"
 )
 
-// BodyFiler is implemented by a store that keeps each body in a file of
-// its own (the fs store), so that a reader can read a body in place
-// instead of a copy in memory: the daemon hands the file to the kernel
-// (FUSE passthrough) or splices from it.
+// BodyFiler is implemented by a store that keeps bodies in files of their
+// own (every body in the fs store, the big ones in the sqlite store), so
+// that a reader can read a body in place instead of a copy in memory: the
+// daemon hands the file to the kernel (FUSE passthrough) or splices from
+// it.
 type BodyFiler interface {
 	// BodyFile opens the file that holds the body of message id,
 	// read-only, and checks that it is that message's. It returns nil (and

@@ -28,6 +28,13 @@ import (
 // In a file it is written once, and a reader through the mount reads it
 // in place (queuecore.BodyFiler: FUSE passthrough, as the fs store's).
 //
+// The fs store keeps its bodies in files too, but not by these rules: its
+// file is the message itself (named by its queue, state and name, its
+// metadata in the file's attributes, moved at every transition), where
+// this one is a side file named by the message's ID that only the row
+// names and that never moves. What the two share, a file written whole
+// and synced before the commit that names it, is a few lines each.
+//
 // Order of writes, so that no committed row ever names a missing file:
 //
 //   - Apply writes each such body to its file (O_EXCL: an ID is never
