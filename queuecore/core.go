@@ -190,8 +190,6 @@ func Open(ctx context.Context, store Store, opts Options) (*Core, error) {
 	return c, nil
 }
 
-// Close stops the timer and wakes every blocked Next with ErrClosed.
-// Operations under way finish; later ones fail with ErrClosed.
 // queueList is the queues open now, to work on one at a time without
 // holding the core's lock.
 func (c *Core) queueList() []*queue {
@@ -204,6 +202,8 @@ func (c *Core) queueList() []*queue {
 	return qs
 }
 
+// Close stops the timer and wakes every blocked Next with ErrClosed.
+// Operations under way finish; later ones fail with ErrClosed.
 func (c *Core) Close() error {
 	if c.closed.Swap(true) {
 		return nil
