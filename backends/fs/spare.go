@@ -28,8 +28,9 @@ import (
 // block is not written back yet, and it looks at every such free inode,
 // one by one, before it takes a fresh one (ext4's find_inode_bit and
 // recently_deleted). After a few thousand messages a second that scan
-// costs a create about 0.8 ms of CPU, which a publish at close(2) waited
-// for. A goroutine now pays it ahead, on another CPU or while the daemon
+// costs a create much of a publish's CPU, which a publish at close(2)
+// waited for (docs/performance.md has the figures). A goroutine now pays
+// it ahead, on another CPU or while the daemon
 // waits for work, and keeps spareCount open files ready; a publish takes
 // one, or creates its file as before when none is left (a burst). The CPU
 // is the same; the publish does not wait for it.
@@ -41,9 +42,7 @@ import (
 // its subdirectories in block groups apart (ext4's FS_TOPDIR_FL, chattr
 // +T; best effort, other file systems ignore or refuse it). A body keeps
 // its inode when it is renamed into a queue, so the inodes its ack frees
-// are spread the same way, and each create scans about an eighth of them
-// (measured on this disk, after 20,000 files created and deleted: 150-160
-// µs of CPU per create in one directory, 37-40 µs over eight).
+// are spread the same way, and each create scans about an eighth of them.
 //
 // A spare is never a file a reader has seen: it is created empty by this
 // process and only ever renamed away from DIR/spare/K. DIR/spare/K is

@@ -31,10 +31,8 @@ const (
 	// A reader drops its whole page cache whenever a read transaction
 	// begins after another connection's commit (SQLite's WAL readers do),
 	// which under load is every read: a big cache then buys nothing and
-	// its drop costs a walk of the cache's hash table (pcache1Truncate was
-	// 5% of the daemon's CPU under 4 clients' leases). With 64 pages, acks
-	// of 4 clients went from about 4,050 to 5,150 ops/s (daemon CPU 178 ->
-	// 142 µs per ack, two alternated runs each).
+	// its drop costs a walk of the cache's hash table (a profile of leases
+	// by 4 clients showed it: docs/performance.md).
 	readerCacheKiB = 256
 	maxReaders     = 8
 	// A checkpoint copies the WAL into the database file; SQLite runs it
