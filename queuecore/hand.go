@@ -145,10 +145,9 @@ func (c *Core) applyHand(ctx context.Context, h HandChange) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	m := h.Msg
-	cl := liveClaim(q, m.Name)
-	if m.State == StateArchived {
-		cl = archivedClaim(q, m.Name)
+	cl := liveClaim(q, h.Msg.Name)
+	if h.Msg.State == StateArchived {
+		cl = archivedClaim(q, h.Msg.Name)
 	}
 	claims := []claim{cl}
 	if err := c.acquire(claims); err != nil {
@@ -159,11 +158,30 @@ func (c *Core) applyHand(ctx context.Context, h HandChange) (string, error) {
 	defer c.finish(claims, &b)
 	p := policyOf(q)
 	now := c.now()
-	old := m
-	// A message new to the queue starts over: a new file, a copy, a
-	// forward, a replay.
-	fresh := h.Kind != HandMoved || h.FromQueue != q.name || h.From == StateArchived
-	if fresh {
+	old, m := h.Msg, c.handFresh(h, q, now)
+	if m.State == StateReady {
+		what, publish := c.handToReady(h, q, &m, now)
+		if publish {
+			// It enters the queue as new: the queue's format and schema
+			// decide, as for a publish.
+			return c.handPublish(ctx, q, &p, old, m, what, &b)
+		}
+		b.update(q, old, m)
+		return what, c.commit(ctx, &b)
+	}
+	what := handElsewhere(h, &p, &m, now)
+	if m.State == StateDead {
+		b.count(func(time.Time) { q.counters.deadLettered.Add(1) })
+	}
+	b.update(q, old, m)
+	return what, c.commit(ctx, &b)
+}
+
+// handFresh is the message of h, started over when it is new to the
+// queue: a new file, a copy, a forward, a replay.
+func (c *Core) handFresh(h HandChange, q *queue, now time.Time) Message {
+	m := h.Msg
+	if h.Kind != HandMoved || h.FromQueue != q.name || h.From == StateArchived {
 		m.Attempts, m.Redrives, m.Reason, m.ReasonMessage, m.FailedAt, m.Consumer = 0, 0, "", "", time.Time{}, ""
 		if h.Kind != HandNew {
 			m.PublishedAt, m.FirstAt, m.StateAt = now, now, now
@@ -173,60 +191,61 @@ func (c *Core) applyHand(ctx context.Context, h HandChange) (string, error) {
 		}
 	}
 	m.Deadline = time.Time{}
-	var what string
+	return m
+}
+
+// handToReady is a message that came into inbox/ by hand: what it was,
+// and whether it enters the queue as new (then it is published: checked
+// against the policy, and copied to the fanout queues).
+func (c *Core) handToReady(h HandChange, q *queue, m *Message, now time.Time) (what string, publish bool) {
+	m.Seq, m.StateAt = c.newSeq(), now
+	switch {
+	case h.Kind == HandNew:
+		m.StateAt = m.PublishedAt
+		return "published", true
+	case h.Kind == HandCopied:
+		return "copied_and_published", true
+	case h.FromQueue != q.name:
+		return "forwarded", true
+	case h.From == StateDead:
+		m.Attempts, m.PublishedAt = 0, now
+		m.Redrives++
+		return "redriven", true
+	case h.From == StateLeased:
+		if m.ReasonMessage == "" {
+			m.ReasonMessage = "given back by hand"
+		}
+		return "given_back", false
+	case h.From == StateDelayed:
+		return "run_now", false
+	}
+	return "replayed", true // from archive/
+}
+
+// handElsewhere is a message that came by hand into a state other than
+// inbox/: dlq/ (dead-lettered), processing/ (leased by nobody), delayed/
+// (delayed by the visibility timeout) or archive/ (acked).
+func handElsewhere(h HandChange, p *Policy, m *Message, now time.Time) string {
+	visibility := time.Duration(p.VisibilityTimeoutSec) * time.Second
 	switch m.State {
-	case StateReady:
-		m.Seq, m.StateAt = c.newSeq(), now
-		if h.Kind == HandNew {
-			m.StateAt = m.PublishedAt
-		}
-		switch {
-		case h.Kind == HandNew:
-			what = "published"
-		case h.Kind == HandCopied:
-			what = "copied_and_published"
-		case h.FromQueue != q.name:
-			what = "forwarded"
-		case h.From == StateDead:
-			what, m.Attempts, m.PublishedAt = "redriven", 0, now
-			m.Redrives++
-		case h.From == StateLeased:
-			what = "given_back"
-			if m.ReasonMessage == "" {
-				m.ReasonMessage = "given back by hand"
-			}
-		case h.From == StateDelayed:
-			what = "run_now"
-		default: // StateArchived
-			what = "replayed"
-		}
-		if h.Kind != HandMoved || h.FromQueue != q.name || h.From == StateDead || h.From == StateArchived {
-			// It enters the queue as new: the queue's format and schema
-			// decide, as for a publish.
-			return c.handPublish(ctx, q, &p, old, m, what, &b)
-		}
 	case StateDead:
-		what = "dead_lettered"
 		if !(h.Kind == HandMoved && h.From == StateLeased && m.FailedAt.IsZero() && m.Reason != "") {
 			m.Reason, m.ReasonMessage = ReasonManual, "moved to dlq/ by hand"
 		}
 		m.StateAt, m.FailedAt = now, now
-		b.count(func(time.Time) { q.counters.deadLettered.Add(1) })
+		return "dead_lettered"
 	case StateLeased:
-		what = "leased_by_hand"
-		m.StateAt, m.Deadline, m.Consumer = now, now.Add(time.Duration(p.VisibilityTimeoutSec)*time.Second), "by hand"
+		m.StateAt, m.Deadline, m.Consumer = now, now.Add(visibility), "by hand"
+		return "leased_by_hand"
 	case StateDelayed:
-		what = "delayed_by_hand"
-		m.StateAt, m.Deadline = now, now.Add(time.Duration(p.VisibilityTimeoutSec)*time.Second)
-	case StateArchived:
-		what = "archived_by_hand"
-		m.StateAt = now
-		if h.Kind == HandNew {
-			m.StateAt = m.PublishedAt
-		}
+		m.StateAt, m.Deadline = now, now.Add(visibility)
+		return "delayed_by_hand"
 	}
-	b.update(q, old, m)
-	return what, c.commit(ctx, &b)
+	m.StateAt = now // archive/
+	if h.Kind == HandNew {
+		m.StateAt = m.PublishedAt
+	}
+	return "archived_by_hand"
 }
 
 // handPublish commits m, found by hand in inbox/, as a publish would: its

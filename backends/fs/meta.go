@@ -156,99 +156,120 @@ var errNoField = errors.New("no such field")
 // and noted in problems: a person may have written it, and the rest of the
 // message is still worth keeping.
 func parseFields(get func(key string) (string, error)) found {
-	var fd found
-	m := &fd.msg
-	bad := func(k, v string, err error) {
-		fd.problems = append(fd.problems, fmt.Sprintf("%s=%q: %v", k, v, err))
-	}
-	val := func(k string) (string, bool) {
-		v, err := get(k)
-		if err != nil {
-			if !errors.Is(err, errNoField) {
-				bad(k, "", err)
-			}
-			return "", false
-		}
-		return v, true
-	}
-	unum := func(k string, bits int) (uint64, bool) {
-		v, ok := val(k)
-		if !ok {
-			return 0, false
-		}
-		n, err := strconv.ParseUint(v, 10, bits)
-		if err != nil {
-			bad(k, v, err)
-			return 0, false
-		}
-		return n, true
-	}
-	inum := func(k string, bits int) int64 {
-		v, ok := val(k)
-		if !ok {
-			return 0
-		}
-		n, err := strconv.ParseInt(v, 10, bits)
-		if err != nil {
-			bad(k, v, err)
-			return 0
-		}
-		return n
-	}
-	tm := func(k string) (time.Time, bool) {
-		v, ok := val(k)
-		if !ok {
-			return time.Time{}, false
-		}
-		t, err := parseTime(v)
-		if err != nil {
-			bad(k, v, err)
-			return time.Time{}, false
-		}
-		return t, true
-	}
-	m.ID, fd.hasID = unum(keyID, 64)
-	if fd.hasID && m.ID == 0 {
-		bad(keyID, "0", errors.New("IDs start at 1"))
-		fd.hasID = false
-	}
-	if v, ok := val(keyState); ok {
-		if st, known := queuecore.StateFromDir(v); known {
-			m.State, fd.hasState = st, true
-		} else {
-			bad(keyState, v, errors.New("not a state directory"))
-		}
-	}
-	if v, ok := val(keyQueue); ok {
-		if err := queuecore.CheckQueueName(v); err != nil {
-			bad(keyQueue, v, err)
-		} else {
-			m.Queue, fd.hasQueue = v, true
-		}
-	}
-	m.Seq, _ = unum(keySeq, 64)
-	m.Priority = int(inum(keyPriority, 32))
-	m.MessageID, _ = val(keyMessageID)
-	m.PublishedAt, _ = tm(keyPublishedAt)
+	r := fieldReader{get: get}
+	m := &r.fd.msg
+	r.id()
+	r.place()
+	m.Seq, _ = r.unum(keySeq, 64)
+	m.Priority = int(r.inum(keyPriority, 32))
+	m.MessageID, _ = r.val(keyMessageID)
+	m.PublishedAt, _ = r.time(keyPublishedAt)
 	m.FirstAt, m.StateAt = m.PublishedAt, m.PublishedAt
-	if t, ok := tm(keyFirstAt); ok {
+	if t, ok := r.time(keyFirstAt); ok {
 		m.FirstAt = t
 	}
-	if t, ok := tm(keyStateAt); ok {
+	if t, ok := r.time(keyStateAt); ok {
 		m.StateAt = t
 	}
-	m.Deadline, _ = tm(keyDeadline)
-	m.Attempts = int(inum(keyAttempts, 32))
-	m.Redrives = int(inum(keyRedrives, 32))
-	m.Reason, _ = val(keyReason)
-	m.ReasonMessage, _ = val(keyReasonMessage)
-	m.FailedAt, _ = tm(keyFailedAt)
-	m.Consumer, _ = val(keyConsumer)
-	m.DedupKey, _ = val(keyDedupKey)
-	uid, _ := unum(keyUID, 32)
-	gid, _ := unum(keyGID, 32)
+	m.Deadline, _ = r.time(keyDeadline)
+	m.Attempts = int(r.inum(keyAttempts, 32))
+	m.Redrives = int(r.inum(keyRedrives, 32))
+	m.Reason, _ = r.val(keyReason)
+	m.ReasonMessage, _ = r.val(keyReasonMessage)
+	m.FailedAt, _ = r.time(keyFailedAt)
+	m.Consumer, _ = r.val(keyConsumer)
+	m.DedupKey, _ = r.val(keyDedupKey)
+	uid, _ := r.unum(keyUID, 32)
+	gid, _ := r.unum(keyGID, 32)
 	m.UID, m.GID = uint32(uid), uint32(gid)
-	return fd
+	return r.fd
+}
+
+// fieldReader reads fields for parseFields, noting what it cannot read.
+type fieldReader struct {
+	get func(key string) (string, error)
+	fd  found
+}
+
+func (r *fieldReader) bad(k, v string, err error) {
+	r.fd.problems = append(r.fd.problems, fmt.Sprintf("%s=%q: %v", k, v, err))
+}
+
+func (r *fieldReader) val(k string) (string, bool) {
+	v, err := r.get(k)
+	if err != nil {
+		if !errors.Is(err, errNoField) {
+			r.bad(k, "", err)
+		}
+		return "", false
+	}
+	return v, true
+}
+
+func (r *fieldReader) unum(k string, bits int) (uint64, bool) {
+	v, ok := r.val(k)
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(v, 10, bits)
+	if err != nil {
+		r.bad(k, v, err)
+		return 0, false
+	}
+	return n, true
+}
+
+func (r *fieldReader) inum(k string, bits int) int64 {
+	v, ok := r.val(k)
+	if !ok {
+		return 0
+	}
+	n, err := strconv.ParseInt(v, 10, bits)
+	if err != nil {
+		r.bad(k, v, err)
+		return 0
+	}
+	return n
+}
+
+func (r *fieldReader) time(k string) (time.Time, bool) {
+	v, ok := r.val(k)
+	if !ok {
+		return time.Time{}, false
+	}
+	t, err := parseTime(v)
+	if err != nil {
+		r.bad(k, v, err)
+		return time.Time{}, false
+	}
+	return t, true
+}
+
+// id reads the ID; 0 is none (IDs start at 1).
+func (r *fieldReader) id() {
+	r.fd.msg.ID, r.fd.hasID = r.unum(keyID, 64)
+	if r.fd.hasID && r.fd.msg.ID == 0 {
+		r.bad(keyID, "0", errors.New("IDs start at 1"))
+		r.fd.hasID = false
+	}
+}
+
+// place reads where the daemon last put the file: its state and queue.
+func (r *fieldReader) place() {
+	if v, ok := r.val(keyState); ok {
+		if st, known := queuecore.StateFromDir(v); known {
+			r.fd.msg.State, r.fd.hasState = st, true
+		} else {
+			r.bad(keyState, v, errors.New("not a state directory"))
+		}
+	}
+	if v, ok := r.val(keyQueue); ok {
+		if err := queuecore.CheckQueueName(v); err != nil {
+			r.bad(keyQueue, v, err)
+		} else {
+			r.fd.msg.Queue, r.fd.hasQueue = v, true
+		}
+	}
 }
 
 // txn is a change under way on one file: the whole metadata it is to have

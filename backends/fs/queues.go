@@ -3,11 +3,14 @@ package fs
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -162,4 +165,96 @@ func (s *Store) forgetGoneLocked(gonePrefix string) {
 			delete(s.rewrite, id)
 		}
 	}
+}
+
+// readQueue reads a queue's info from its policy.json and that file's
+// attributes. A queue directory made by hand has none: its policy is the
+// default, its owner and mode the directory's; policy.json is written
+// then, so that the tree says what the daemon took.
+func (s *Store) readQueue(name string, dirInfo fs.FileInfo) (queuecore.QueueInfo, error) {
+	p := filepath.Join(s.qdir, name, policyName)
+	info := queuecore.QueueInfo{Name: name, Mode: uint32(dirInfo.Mode().Perm()), CreatedAt: dirInfo.ModTime()}
+	if st, ok := dirInfo.Sys().(*syscall.Stat_t); ok {
+		info.UID, info.GID = st.Uid, st.Gid
+	}
+	data, err := readRegular(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		def := queuecore.DefaultPolicy()
+		info.Policy = def.StoredJSON()
+		if err := s.writeQueueFile(info); err != nil {
+			return info, err
+		}
+		s.log.Info("queue directory without policy.json: taken as a queue with the default policy", queuecore.LogQueue, name)
+		return info, nil
+	}
+	if err != nil {
+		return info, fmt.Errorf("queue %s: %w", name, err)
+	}
+	info.Policy = data
+	attrs, err := readAttrs(p)
+	if err != nil {
+		return info, fmt.Errorf("queue %s: %w", name, err)
+	}
+	num := func(k string, base int) (uint32, bool) {
+		v, ok := attrs[k]
+		if !ok {
+			return 0, false
+		}
+		n, err := strconv.ParseUint(string(v), base, 32)
+		if err != nil {
+			s.log.Warn("ignored an attribute that cannot be read", queuecore.LogPath, p, queuecore.LogReason, fmt.Sprintf("%s=%q: %v", k, v, err))
+			return 0, false
+		}
+		return uint32(n), true
+	}
+	if v, ok := num(keyUID, 10); ok {
+		info.UID = v
+	}
+	if v, ok := num(keyGID, 10); ok {
+		info.GID = v
+	}
+	if v, ok := num(keyMode, 8); ok {
+		info.Mode = v & 0o7777
+	}
+	if v, ok := attrs[keyCreatedAt]; ok {
+		if t, err := parseTime(string(v)); err == nil {
+			info.CreatedAt = t
+		}
+	}
+	return info, nil
+}
+
+// readRegular reads a regular file, refusing a symlink.
+func readRegular(p string) ([]byte, error) {
+	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", p)
+	}
+	var b bytes.Buffer
+	_, err = b.ReadFrom(f)
+	return b.Bytes(), err
+}
+
+// queueFields are the attributes of a queue's policy.json.
+func queueFields(info queuecore.QueueInfo) []field {
+	return []field{
+		{keyUID, strconv.FormatUint(uint64(info.UID), 10)},
+		{keyGID, strconv.FormatUint(uint64(info.GID), 10)},
+		{keyMode, fmt.Sprintf("%04o", info.Mode&0o7777)},
+		{keyCreatedAt, timeText(info.CreatedAt)},
+	}
+}
+
+// writeQueueFile replaces a queue's policy.json (its policy and, in its
+// attributes, owner, mode and creation time) in one rename.
+func (s *Store) writeQueueFile(info queuecore.QueueInfo) error {
+	return s.writeFileDurably(filepath.Join(s.qdir, info.Name, policyName), info.Policy, queueFields(info))
 }
