@@ -292,8 +292,7 @@ func (f *FS) watchMemory() {
 	t := time.NewTicker(memWatchEvery)
 	defer func() { t.Stop() }()
 	var lastFree time.Time
-	var steadyFrom int64 // the RSS at the first of the steady looks
-	steady := 0
+	var st steadiness
 	for {
 		select {
 		case <-f.done:
@@ -303,80 +302,103 @@ func (f *FS) watchMemory() {
 		f.followBudget()
 		budget := f.budget.Load()
 		rss := readRSS()
-		var pct int64
 		if budget > 0 {
 			if rss <= 0 {
 				continue
 			}
-			pct = rss * 100 / budget
-			// Steady: within 1% of the budget of the first calm look of
-			// the run, so that slow growth does not count as steady.
-			calm := pct < calmPct && !f.pressure.Load() && !f.full.Load()
-			switch d := rss - steadyFrom; {
-			case !calm:
-				steady = 0
-			case steady > 0 && d < budget/100 && -d < budget/100:
-				steady++
-			default:
-				steady, steadyFrom = 1, rss
-			}
+			calm := rss*100/budget < calmPct && !f.pressure.Load() && !f.full.Load()
+			st.look(rss, budget, calm)
 		} else {
-			steady = memWatchCalmLooks // no budget (yet): nothing to watch
+			st.looks = memWatchCalmLooks // no budget (yet): nothing to watch
 		}
-		if steady >= memWatchCalmLooks {
+		if st.looks >= memWatchCalmLooks {
 			t.Stop()
-			f.memParked.Store(true)
-			select {
-			case <-f.done:
+			if !f.parkMemWatch() {
 				return
-			case <-f.memWake:
 			}
-			steady = 0
+			st = steadiness{}
 			t = time.NewTicker(memWatchEvery)
 			// Look at once: the daemon holds more than when it parked.
 			f.followBudget()
 			if budget = f.budget.Load(); budget <= 0 {
 				continue
 			}
-			rss = readRSS()
-			if rss <= 0 {
+			if rss = readRSS(); rss <= 0 {
 				continue
 			}
-			pct = rss * 100 / budget
 		}
-		switch {
-		case pct >= shedPct && !f.pressure.Load():
-			f.pressure.Store(true)
-			f.log.Warn("memory near the budget: shedding caches and pruning inodes harder",
-				"rss_mib", rss>>20, "budget_mib", budget>>20)
-			select {
-			case f.lru.kick <- struct{}{}:
-			default:
-			}
-		case pct < calmPct && f.pressure.Load():
-			f.pressure.Store(false)
-			f.log.Info("memory back under the budget's lower mark", "rss_mib", rss>>20, "budget_mib", budget>>20)
+		f.memoryLevels(rss, budget, &lastFree)
+	}
+}
+
+// steadiness counts the memory watcher's calm looks in a row with the RSS
+// within 1% of the budget of the first of them, so that slow growth does
+// not count as steady.
+type steadiness struct {
+	looks int
+	from  int64 // the RSS at the first of the steady looks
+}
+
+func (s *steadiness) look(rss, budget int64, calm bool) {
+	switch d := rss - s.from; {
+	case !calm:
+		s.looks = 0
+	case s.looks > 0 && d < budget/100 && -d < budget/100:
+		s.looks++
+	default:
+		s.looks, s.from = 1, rss
+	}
+}
+
+// parkMemWatch parks the memory watcher until wakeMemWatch; false when the
+// filesystem stops meanwhile.
+func (f *FS) parkMemWatch() bool {
+	f.memParked.Store(true)
+	select {
+	case <-f.done:
+		return false
+	case <-f.memWake:
+		return true
+	}
+}
+
+// memoryLevels moves between the levels for one look at the RSS: shedding
+// (with a cache shed and a return of free memory to the system at most
+// every 5 s, after which it looks again) and refusing new messages.
+func (f *FS) memoryLevels(rss, budget int64, lastFree *time.Time) {
+	pct := rss * 100 / budget
+	switch {
+	case pct >= shedPct && !f.pressure.Load():
+		f.pressure.Store(true)
+		f.log.Warn("memory near the budget: shedding caches and pruning inodes harder",
+			"rss_mib", rss>>20, "budget_mib", budget>>20)
+		select {
+		case f.lru.kick <- struct{}{}:
+		default:
 		}
-		if f.pressure.Load() && time.Since(lastFree) > 5*time.Second {
-			lastFree = time.Now()
-			if f.core != nil {
-				f.core.ShedCaches()
-			}
-			debug.FreeOSMemory()
-			rss = readRSS()
-			pct = rss * 100 / budget
+	case pct < calmPct && f.pressure.Load():
+		f.pressure.Store(false)
+		f.log.Info("memory back under the budget's lower mark", "rss_mib", rss>>20, "budget_mib", budget>>20)
+	}
+	if f.pressure.Load() && time.Since(*lastFree) > 5*time.Second {
+		*lastFree = time.Now()
+		if f.core != nil {
+			f.core.ShedCaches()
 		}
-		switch {
-		case pct >= fullPct && !f.full.Load():
-			f.full.Store(true)
-			f.refused.Store(0)
-			f.log.Error("memory at the budget: new messages are refused with ENOSPC until it is back under",
-				"rss_mib", rss>>20, "budget_mib", budget>>20)
-		case pct < resumePct && f.full.Load():
-			f.full.Store(false)
-			f.log.Warn("memory back under the budget: new messages are accepted again",
-				"rss_mib", rss>>20, "budget_mib", budget>>20, "refused", f.refused.Load())
-		}
+		debug.FreeOSMemory()
+		rss = readRSS()
+		pct = rss * 100 / budget
+	}
+	switch {
+	case pct >= fullPct && !f.full.Load():
+		f.full.Store(true)
+		f.refused.Store(0)
+		f.log.Error("memory at the budget: new messages are refused with ENOSPC until it is back under",
+			"rss_mib", rss>>20, "budget_mib", budget>>20)
+	case pct < resumePct && f.full.Load():
+		f.full.Store(false)
+		f.log.Warn("memory back under the budget: new messages are accepted again",
+			"rss_mib", rss>>20, "budget_mib", budget>>20, "refused", f.refused.Load())
 	}
 }
 

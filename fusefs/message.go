@@ -423,8 +423,7 @@ var _ = (fs.NodeSetattrer)((*msgNode)(nil))
 // committed message or giving it to another owner is EPERM.
 func (n *msgNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	n.mu.Lock()
-	p := n.pend
-	if p != nil {
+	if p := n.pend; p != nil {
 		if size, ok := in.GetSize(); ok {
 			if err := n.resizeLocked(int64(size)); err != nil {
 				n.mu.Unlock()
@@ -454,34 +453,9 @@ func (n *msgNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAtt
 		}
 		return n.fsys.refuse(refusal{msg: "truncate refused: committed messages are immutable", queue: n.queue, name: name, uid: callerUID(ctx), errno: errnoOf(queuecore.ErrImmutable)})
 	}
-	var m queuecore.Message
-	n.mayCache()
-	if fh == nil {
-		// Without a file handle (by path, and also fchmod and futimens,
-		// which the kernel sends without one): the name the kernel kept
-		// may be from before the message moved away. Then nothing is
-		// changed, so a touch of a stale inbox/X cannot extend the lease
-		// someone else took of X, and the call succeeds, so a tool that
-		// sets the times or mode after its close (shutil.copy2, os.Chtimes)
-		// does not fail after its message was published and leased at
-		// once or delayed. A message gone altogether is ESTALE: the kernel
-		// looks the name up again and retries, as for a stat.
-		var errno syscall.Errno
-		m, errno = n.messageInDir(ctx)
-		if errno == syscall.ESTALE && m.ID != 0 {
-			fillMessage(&out.Attr, m)
-			n.show(&out.Attr, false)
-			out.SetTimeout(uncachedEntry) // see uncachedCreates
-			return 0
-		}
-		if errno != 0 {
-			return errno
-		}
-	} else {
-		var err error
-		if m, err = n.messageAnywhere(ctx); err != nil {
-			return errnoOf(err)
-		}
+	m, done, errno := n.setattrTarget(ctx, fh, out)
+	if done || errno != 0 {
+		return errno
 	}
 	uid, hasUID := in.GetUID()
 	gid, hasGID := in.GetGID()
@@ -504,6 +478,32 @@ func (n *msgNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAtt
 	fillMessage(&out.Attr, m)
 	n.show(&out.Attr, true)
 	return 0
+}
+
+// setattrTarget is the committed message a Setattr changes. Without a
+// file handle (by path, and also fchmod and futimens, which the kernel
+// sends without one) the name the kernel kept may be from before the
+// message moved away. Then nothing is changed, so a touch of a stale
+// inbox/X cannot extend the lease someone else took of X, and the call
+// succeeds (done, with out filled), so a tool that sets the times or mode
+// after its close (shutil.copy2, os.Chtimes) does not fail after its
+// message was published and leased at once or delayed. A message gone
+// altogether is ESTALE: the kernel looks the name up again and retries,
+// as for a stat.
+func (n *msgNode) setattrTarget(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) (m queuecore.Message, done bool, errno syscall.Errno) {
+	n.mayCache()
+	if fh != nil {
+		m, err := n.messageAnywhere(ctx)
+		return m, false, errnoOf(err)
+	}
+	m, errno = n.messageInDir(ctx)
+	if errno == syscall.ESTALE && m.ID != 0 {
+		fillMessage(&out.Attr, m)
+		n.show(&out.Attr, false)
+		out.SetTimeout(uncachedEntry) // see uncachedCreates
+		return m, true, 0
+	}
+	return m, false, errno
 }
 
 var _ = (fs.NodeWriter)((*msgNode)(nil))

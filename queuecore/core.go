@@ -117,28 +117,64 @@ func Open(ctx context.Context, store Store, opts Options) (*Core, error) {
 		rand: bufio.NewReaderSize(rand.Reader, 4096),
 	}
 	c.started = c.clock.Now()
-	if ss, ok := store.(SharedStore); ok {
+	if err := c.openCounters(ctx); err != nil {
+		return nil, fmt.Errorf("open queue core: %w", err)
+	}
+	if err := c.loadQueues(ctx); err != nil {
+		return nil, fmt.Errorf("open queue core: %w", err)
+	}
+	c.sched = newScheduler(c)
+	c.applyHandChanges(ctx)
+	if c.shared != nil {
+		c.shared.Subscribe(c.external)
+		// What other daemons changed between the load above and the
+		// subscription was not heard: read the queues once more.
+		if err := c.reloadQueues(ctx); err != nil {
+			return nil, fmt.Errorf("open queue core: %w", err)
+		}
+	}
+	c.wg.Add(1)
+	go c.sched.run()
+	c.sched.kick()
+	if opts.Disk != nil {
+		c.space = newSpace(c, opts.Disk, opts.MinFree)
+		c.space.loadReserve()
+		c.wg.Add(1)
+		go c.space.run()
+	}
+	return c, nil
+}
+
+// openCounters picks the IDs, gauges, leaser and names for the store: a
+// shared store's are the database's, a local store's the core's own.
+func (c *Core) openCounters(ctx context.Context) error {
+	if ss, ok := c.store.(SharedStore); ok {
 		c.shared = ss
 		c.ids = &sharedIDs{store: ss, clock: c.clock}
 		c.gauges = &sharedGauges{c: c, at: c.now()}
 		c.leaser = &sharedLeaser{c: c, ss: ss}
-		c.names = sharedNames{store: store}
-	} else {
-		maxID, err := store.MaxID(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("open queue core: %w", err)
-		}
-		ids := &localIDs{}
-		ids.last.Store(maxID)
-		c.ids, c.gauges, c.leaser, c.names = ids, localGauges{}, localLeaser{c}, localNames{c}
+		c.names = sharedNames{store: c.store}
+		return nil
 	}
-	infos, err := store.Queues(ctx)
+	maxID, err := c.store.MaxID(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("open queue core: %w", err)
+		return err
 	}
-	counts, err := store.Counts(ctx)
+	ids := &localIDs{}
+	ids.last.Store(maxID)
+	c.ids, c.gauges, c.leaser, c.names = ids, localGauges{}, localLeaser{c}, localNames{c}
+	return nil
+}
+
+// loadQueues reads the store's queues, their policies and counts.
+func (c *Core) loadQueues(ctx context.Context) error {
+	infos, err := c.store.Queues(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("open queue core: %w", err)
+		return err
+	}
+	counts, err := c.store.Counts(ctx)
+	if err != nil {
+		return err
 	}
 	for _, info := range infos {
 		p, err := ParsePolicy(info.Policy)
@@ -164,30 +200,11 @@ func Open(ctx context.Context, store Store, opts Options) (*Core, error) {
 			}
 		}
 		if err := c.names.opened(ctx, q, live); err != nil {
-			return nil, fmt.Errorf("open queue core: %w", err)
+			return err
 		}
 		c.queues[info.Name] = q
 	}
-	c.sched = newScheduler(c)
-	c.applyHandChanges(ctx)
-	if c.shared != nil {
-		c.shared.Subscribe(c.external)
-		// What other daemons changed between the load above and the
-		// subscription was not heard: read the queues once more.
-		if err := c.reloadQueues(ctx); err != nil {
-			return nil, fmt.Errorf("open queue core: %w", err)
-		}
-	}
-	c.wg.Add(1)
-	go c.sched.run()
-	c.sched.kick()
-	if opts.Disk != nil {
-		c.space = newSpace(c, opts.Disk, opts.MinFree)
-		c.space.loadReserve()
-		c.wg.Add(1)
-		go c.space.run()
-	}
-	return c, nil
+	return nil
 }
 
 // queueList is the queues open now, to work on one at a time without

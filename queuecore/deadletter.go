@@ -104,35 +104,18 @@ func (c *Core) Forward(ctx context.Context, queueName, name, toQueue string) (Me
 	} else if !errors.Is(err, ErrNotFound) {
 		return Message{}, err
 	}
-	body, err := c.store.Body(ctx, m.ID)
+	now := c.now()
+	chk, err := c.forwardBody(ctx, m, toQueue, &tp, now)
 	if err != nil {
 		return Message{}, err
 	}
-	if tp.broken != "" {
-		return Message{}, fmt.Errorf("forward to %q: %w", toQueue, ErrPolicyBroken)
+	// The target's backpressure, as for a publish (a DeleteQueue of the
+	// target now sees it is not empty).
+	toClaim := []claim{liveClaim(tq, name)}
+	if err := c.reserveReady(ctx, tq, name, toClaim, &tp, true); err != nil {
+		return Message{}, err
 	}
-	if int64(len(body)) > tp.MaxMessageBytes {
-		return Message{}, fmt.Errorf("forward to %q: %w (%d)", toQueue, ErrTooLarge, tp.MaxMessageBytes)
-	}
-	now := c.now()
-	chk, verr := tp.checkBody(toQueue, body, now)
-	if verr != nil {
-		return Message{}, &ValidationError{Queue: toQueue, Name: name, Reason: verr.Error()}
-	}
-	tq.mu.Lock()
-	full := tp.MaxReady > 0 && tq.gauges[StateReady].N+tq.inserting >= tp.MaxReady
-	if !full {
-		tq.inserting++ // a DeleteQueue of the target now sees it is not empty
-	}
-	tq.mu.Unlock()
-	if full {
-		return Message{}, fmt.Errorf("queue %q: %w (%d)", toQueue, ErrQueueFull, tp.MaxReady)
-	}
-	defer func() {
-		tq.mu.Lock()
-		tq.inserting--
-		tq.mu.Unlock()
-	}()
+	defer unreserveReady(toClaim)
 	if err := c.ackOps(ctx, q, m, &p, now, &b); err != nil {
 		return Message{}, err
 	}
@@ -157,6 +140,26 @@ func (c *Core) Forward(ctx context.Context, queueName, name, toQueue string) (Me
 		return Message{}, fmt.Errorf("forward %s/%s to %q: %w", queueName, name, toQueue, err)
 	}
 	return fm, nil
+}
+
+// forwardBody reads a forwarded message's body and checks it against the
+// target queue's policy: size, format and schema.
+func (c *Core) forwardBody(ctx context.Context, m Message, toQueue string, tp *Policy, now time.Time) (checked, error) {
+	body, err := c.store.Body(ctx, m.ID)
+	if err != nil {
+		return checked{}, err
+	}
+	if tp.broken != "" {
+		return checked{}, fmt.Errorf("forward to %q: %w", toQueue, ErrPolicyBroken)
+	}
+	if int64(len(body)) > tp.MaxMessageBytes {
+		return checked{}, fmt.Errorf("forward to %q: %w (%d)", toQueue, ErrTooLarge, tp.MaxMessageBytes)
+	}
+	chk, verr := tp.checkBody(toQueue, body, now)
+	if verr != nil {
+		return checked{}, &ValidationError{Queue: toQueue, Name: m.Name, Reason: verr.Error()}
+	}
+	return chk, nil
 }
 
 // validateAgain checks a stored message's body against the queue's

@@ -96,39 +96,11 @@ const idleInTxTimeout = "15s"
 // added) and creates the schema if it is missing. It starts the listener
 // of change hints and the duty goroutine.
 func Open(ctx context.Context, url string, opts backends.Options) (*Store, error) {
-	cfg, err := parseConfig(url)
+	cfg, session, err := storeConfig(url, opts.Holder)
 	if err != nil {
 		return nil, fmt.Errorf("open postgres store: %w", err)
 	}
 	cc := cfg.ConnConfig
-	session := cc.Copy()
-	if su, ok := cc.RuntimeParams[sessionKey]; ok {
-		delete(cc.RuntimeParams, sessionKey)
-		sc, err := parseConfig(su)
-		if err != nil {
-			return nil, fmt.Errorf("open postgres store: %s: %w", sessionKey, err)
-		}
-		if _, nested := sc.ConnConfig.RuntimeParams[sessionKey]; nested {
-			return nil, fmt.Errorf("open postgres store: %s: it has a %s of its own", sessionKey, sessionKey)
-		}
-		session = sc.ConnConfig
-	}
-	delete(session.RuntimeParams, sessionKey)
-	for _, c := range []*pgx.ConnConfig{cc, session} {
-		if c.ConnectTimeout == 0 || c.ConnectTimeout > connectTimeout {
-			c.ConnectTimeout = connectTimeout
-		}
-		if _, ok := c.RuntimeParams["application_name"]; !ok {
-			name := "yirangmq"
-			if opts.Holder != "" {
-				name += ": " + opts.Holder
-			}
-			c.RuntimeParams["application_name"] = truncate(name, 63)
-		}
-	}
-	if !hasSetting(url, "pool_max_conns") {
-		cfg.MaxConns = defaultMaxConns
-	}
 	origin := make([]byte, 8)
 	_, _ = rand.Read(origin) // never fails (crypto/rand)
 	s := &Store{
@@ -177,6 +149,47 @@ func Open(ctx context.Context, url string, opts backends.Options) (*Store, error
 		s.dutyLoop(bg)
 	}()
 	return s, nil
+}
+
+// storeConfig reads a store string: the pool's configuration and the
+// session connection's (the listener and the duty lock; the pool's own
+// unless session_url names another, as behind PgBouncer), both with a
+// bounded connect timeout and an application_name that names the holder.
+func storeConfig(url, holder string) (*pgxpool.Config, *pgx.ConnConfig, error) {
+	cfg, err := parseConfig(url)
+	if err != nil {
+		return nil, nil, err
+	}
+	cc := cfg.ConnConfig
+	session := cc.Copy()
+	if su, ok := cc.RuntimeParams[sessionKey]; ok {
+		delete(cc.RuntimeParams, sessionKey)
+		sc, err := parseConfig(su)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", sessionKey, err)
+		}
+		if _, nested := sc.ConnConfig.RuntimeParams[sessionKey]; nested {
+			return nil, nil, fmt.Errorf("%s: it has a %s of its own", sessionKey, sessionKey)
+		}
+		session = sc.ConnConfig
+	}
+	delete(session.RuntimeParams, sessionKey)
+	for _, c := range []*pgx.ConnConfig{cc, session} {
+		if c.ConnectTimeout == 0 || c.ConnectTimeout > connectTimeout {
+			c.ConnectTimeout = connectTimeout
+		}
+		if _, ok := c.RuntimeParams["application_name"]; !ok {
+			name := "yirangmq"
+			if holder != "" {
+				name += ": " + holder
+			}
+			c.RuntimeParams["application_name"] = truncate(name, 63)
+		}
+	}
+	if !hasSetting(url, "pool_max_conns") {
+		cfg.MaxConns = defaultMaxConns
+	}
+	return cfg, session, nil
 }
 
 // parseConfig reads a store string as pgxpool does, and says what is
