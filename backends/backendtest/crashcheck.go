@@ -334,8 +334,17 @@ func (h *crashHistory) check(snap *snapshot) []string {
 	for _, q := range snap.Queues {
 		gotQueues[q.Name] = q
 	}
-	touched, touchedQueues := h.touched()
+	problems = append(problems, h.checkInFlight(got, gotQueues)...)
+	problems = append(problems, h.checkCommitted(got, gotQueues)...)
+	if snap.MaxID < h.maxGiven {
+		problems = append(problems, fmt.Sprintf("MaxID = %d, but committed batches gave ID or Seq %d", snap.MaxID, h.maxGiven))
+	}
+	return problems
+}
 
+// checkInFlight: each batch in flight at the kill is absent or whole.
+func (h *crashHistory) checkInFlight(got crashModel, gotQueues map[string]queuecore.QueueInfo) []string {
+	var problems []string
 	for _, w := range slices.Sorted(maps.Keys(h.inFlight)) {
 		b := h.inFlight[w]
 		what := fmt.Sprintf("worker %d batch %d %s, in flight at the kill,", w, b.Batch, b.describe())
@@ -380,7 +389,14 @@ func (h *crashHistory) check(snap *snapshot) []string {
 			}
 		}
 	}
+	return problems
+}
 
+// checkCommitted: what batches reported committed left is there, and what
+// they deleted is not, apart from what a batch in flight touched.
+func (h *crashHistory) checkCommitted(got crashModel, gotQueues map[string]queuecore.QueueInfo) []string {
+	var problems []string
+	touched, touchedQueues := h.touched()
 	for _, name := range slices.Sorted(maps.Keys(h.queues)) {
 		if touchedQueues[name] {
 			continue
@@ -426,9 +442,6 @@ func (h *crashHistory) check(snap *snapshot) []string {
 			problems = append(problems, fmt.Sprintf("message %d (%s/%s/%s) should not exist (deleted by %s, reported committed)",
 				id, got[id].Queue, got[id].State, got[id].Name, by))
 		}
-	}
-	if snap.MaxID < h.maxGiven {
-		problems = append(problems, fmt.Sprintf("MaxID = %d, but committed batches gave ID or Seq %d", snap.MaxID, h.maxGiven))
 	}
 	return problems
 }
