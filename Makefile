@@ -21,11 +21,11 @@ build:
 
 # Every test, with the race detector and in shuffled order, then each fuzz
 # target for a short time (FUZZTIME=50000x runs each; longer by hand).
-# The benchmark tooling is a module of its own (testenv/mountbench/go.mod),
+# The benchmark tooling is a module of its own (bench/go.mod),
 # which ./... does not descend into: it is vetted and tested on its own;
 # so is the vendored go-fuse (third_party/go-fuse), for the tests of our
 # patches to it (PATCHES.md).
-BENCH_DIR := testenv/mountbench
+BENCH_DIR := bench
 test: deps build
 	$(GO) vet ./...
 	cd $(BENCH_DIR) && $(GO) vet ./...
@@ -127,7 +127,7 @@ demo:
 # peak. Prints the tables and the goals, each beside its value in the
 # previous results/bench-latest.json; then writes
 # results/bench-<time>.{json,png} and results/bench-latest.{json,png}.
-# The driver is a module of its own (testenv/mountbench/go.mod).
+# The driver is a module of its own (bench/go.mod).
 # About 8 minutes; BENCH_QUICK=1 about 2.5-4 (more on a loaded machine);
 # BENCH_MILLION=1 fills 1,000,000
 # ready messages for the scale run (about 45 s more).

@@ -1,5 +1,5 @@
 // Package bigmsg measures 1 MiB messages through the mount against a
-// plain go-fuse loopback mount of a directory (testenv/mountbench/loopbackd)
+// plain go-fuse loopback mount of a directory (bench/loopbackd)
 // for the same files, alternating in one run: publish (create, write,
 // close of a 1 MiB file in inbox/) and read (open, read to the end,
 // close), with several clients at once. Every byte read back is checked.
@@ -248,7 +248,7 @@ func startLoopback(t *testing.T) string {
 	bin := filepath.Join(dir, "loopbackd")
 	// The benchmark tooling is a module of its own: build inside it.
 	build := exec.Command("go", "build", "-o", bin, "./loopbackd")
-	build.Dir = filepath.Join(root, "testenv", "mountbench")
+	build.Dir = filepath.Join(root, "bench")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build loopbackd: %v\n%s", err, out)
 	}

@@ -8,7 +8,7 @@
 // operation from a --debug mount, then relates every operation to the
 // floor × its requests (the goal: within 3x).
 //
-//	cd testenv/mountbench && go run . [--messages 3000] [--clients 1,4] [--backends sqlite,fs] [--sync normal,full] [--out results/mount-bench.json]
+//	cd bench && go run . [--messages 3000] [--clients 1,4] [--backends sqlite,fs] [--sync normal,full] [--out results/mount-bench.json]
 //
 // The daemons are children of this process. Every exit path, SIGINT and
 // SIGTERM included, unmounts and stops them; if this process is killed
@@ -74,7 +74,7 @@ func main() {
 	var cfg config
 	fl := pflag.NewFlagSet("mountbench", pflag.ContinueOnError)
 	fl.Usage = func() {
-		fmt.Fprintln(os.Stderr, "Usage: (cd testenv/mountbench && go run . [OPTIONS])\n\nBenchmarks publish, lease, ack and the .next wake-up through a yirangmq mount,\nagainst a plain directory and the FUSE request floor (see docs/mount-bench.md).\n\nOptions:")
+		fmt.Fprintln(os.Stderr, "Usage: (cd bench && go run . [OPTIONS])\n\nBenchmarks publish, lease, ack and the .next wake-up through a yirangmq mount,\nagainst a plain directory and the FUSE request floor (see docs/mount-bench.md).\n\nOptions:")
 		fl.PrintDefaults()
 	}
 	fl.IntVar(&cfg.messages, "messages", 3000, "messages per timed phase (per store, sync mode and client count)")

@@ -24,7 +24,7 @@ const loopbackFSName = "yirangmq-bench-loopback"
 
 // buildLoopback builds the loopback daemon (./loopbackd) into dir: a
 // small binary of its own, so that its memory is go-fuse's and not this
-// benchmark's. It belongs to this module (testenv/mountbench/go.mod),
+// benchmark's. It belongs to this module (bench/go.mod),
 // not to the product's at root.
 func buildLoopback(ctx context.Context, root, dir string) (string, error) {
 	bin := filepath.Join(dir, "loopbackd")

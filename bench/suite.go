@@ -3,7 +3,7 @@ package main
 // The suite behind `make bench` (issue 6): yirangmq against the
 // alternatives, on this machine, in one run, bounded in time.
 //
-//	cd testenv/mountbench && go run . suite [--quick] [--million] [--out-dir results]
+//	cd bench && go run . suite [--quick] [--million] [--out-dir results]
 //
 // With 256-byte messages and 1 and 4 clients it measures publish, lease,
 // ack and the round trip (publish+lease+ack of one message) on:
@@ -144,7 +144,7 @@ func suiteMain(args []string) int {
 	cfg := defaultSuiteConfig(quick)
 	fl := pflag.NewFlagSet("mountbench suite", pflag.ContinueOnError)
 	fl.Usage = func() {
-		fmt.Fprintln(os.Stderr, "Usage: (cd testenv/mountbench && go run . suite [OPTIONS])\n\nCompares yirangmq (through the mount and in process) with a plain directory,\na go-fuse loopback mount, a goqite-style SQLite queue and POSIX message queues;\nprints the tables and the goals, writes OUT-DIR/bench-*.{json,png} (docs/bench.md).\n\nOptions (counts default to the full mode's, or --quick's):")
+		fmt.Fprintln(os.Stderr, "Usage: (cd bench && go run . suite [OPTIONS])\n\nCompares yirangmq (through the mount and in process) with a plain directory,\na go-fuse loopback mount, a goqite-style SQLite queue and POSIX message queues;\nprints the tables and the goals, writes OUT-DIR/bench-*.{json,png} (docs/bench.md).\n\nOptions (counts default to the full mode's, or --quick's):")
 		fl.PrintDefaults()
 	}
 	fl.BoolVar(&cfg.quick, "quick", quick, "the short run (about 2-3 minutes): fewer messages, a 10 s idle window, 20k ready")

@@ -1,4 +1,4 @@
-module yirangmq/testenv/mountbench
+module yirangmq/bench
 
 go 1.26.0
 
@@ -28,9 +28,9 @@ require (
 // go.mod lists only what the daemon and its tests need: the chart's
 // plotting library and its fonts are required here, not there. It builds
 // against the checkout it sits in.
-replace yirangmq => ../..
+replace yirangmq => ..
 
 // As in the product's go.mod: go-fuse with its 32-bit splice fix
 // (third_party/go-fuse/PATCHES.md). A replace in a required module does
 // not carry over, so it is repeated here.
-replace github.com/hanwen/go-fuse/v2 => ../../third_party/go-fuse
+replace github.com/hanwen/go-fuse/v2 => ../third_party/go-fuse

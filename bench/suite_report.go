@@ -285,7 +285,7 @@ func dash(f float64) string {
 // chart: mountbench report RESULTS.json [CHART.png].
 func reportMain(args []string) int {
 	if len(args) < 1 || len(args) > 2 {
-		fmt.Fprintln(os.Stderr, "usage: (cd testenv/mountbench && go run . report RESULTS.json [CHART.png])")
+		fmt.Fprintln(os.Stderr, "usage: (cd bench && go run . report RESULTS.json [CHART.png])")
 		return 2
 	}
 	data, err := os.ReadFile(args[0])
