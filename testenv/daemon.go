@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -55,6 +56,12 @@ func Binary(t testing.TB) string {
 	}
 	return buildPath
 }
+
+// TransportEnv names the variable that chooses the transport of every
+// daemon a test starts (`yirangmq mount --transport`): classic or uring;
+// unset, the daemon's default (auto). make test runs the suites that
+// mount once per transport.
+const TransportEnv = "YIRANGMQ_TEST_TRANSPORT"
 
 // DaemonOptions say how to mount.
 type DaemonOptions struct {
@@ -115,6 +122,9 @@ func StartDaemon(t testing.TB, opts DaemonOptions) *Daemon {
 
 func (d *Daemon) start() error {
 	args := append([]string{"mount", "--backend", d.opts.Backend, "--store", d.opts.Store, "--sync", d.opts.Sync}, d.opts.Args...)
+	if tr := os.Getenv(TransportEnv); tr != "" && !slices.Contains(d.opts.Args, "--transport") {
+		args = append(args, "--transport", tr)
+	}
 	args = append(args, d.Mountpoint)
 	if w := d.opts.Wrap; len(w) > 0 {
 		d.cmd = exec.Command(w[0], append(append(w[1:len(w):len(w)], d.bin), args...)...)

@@ -40,6 +40,7 @@ type mountFlags struct {
 	maxMessageInodes                int
 	cpuProfile                      string
 	sqliteFileBodies                string
+	transport                       string
 	fsStageBodies                   string
 	// limits for several users on one mount (docs/multiuser.md)
 	nextReaders, nextReadersPerUID, nextReadersPerQueue int
@@ -56,7 +57,7 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	fl.StringVar(&f.backend, "backend", "sqlite", "store backend: sqlite, fs or postgres")
 	fl.StringVar(&f.store, "store", defaultStore(), "store directory (created on first use), or with --backend postgres a connection URL")
 	fl.StringVar(&f.sync, "sync", "full", "durability: full (a message on disk at close; leases and acks within 100 ms), strict (leases and acks on disk too before they return), normal (survives a daemon crash) or off")
-	fl.StringSliceVarP(&f.options, "options", "o", nil, "mount options: allow_other, backend=, sync=, store=, min_free=, memory_budget=, max_message_inodes=, sqlite_file_bodies=, fs_stage_bodies= (others of mount(8) are accepted and ignored)")
+	fl.StringSliceVarP(&f.options, "options", "o", nil, "mount options: allow_other, backend=, sync=, store=, min_free=, memory_budget=, max_message_inodes=, sqlite_file_bodies=, fs_stage_bodies=, transport= (others of mount(8) are accepted and ignored)")
 	fl.BoolVar(&f.daemon, "daemon", false, "return once the mount is ready, leaving the daemon in the background")
 	fl.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fl.StringVar(&f.logFile, "log-file", "", "append the log to this file instead of stderr (with --daemon: STORE/yirangmq.log by default)")
@@ -74,6 +75,7 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	fl.StringVar(&f.sqliteFileBodies, "sqlite-file-bodies", "256K", "with --backend sqlite: bodies of this SIZE or more are kept in files of their own (STORE/bodies/), which readers read in place; 0: none, every body in the database file")
 	fl.StringVar(&f.fsStageBodies, "fs-stage-bodies", "256K", "with --backend fs and --sync full or strict: a body of this SIZE or more is written and synced to a file of its own before its commit, not through the journal (written to the disk once, not twice); 0: every body through the journal")
 	fl.IntVar(&fsSpillAt, "fs-spill-at", fsSpillAt, "with --backend fs: ready messages a queue keeps in memory before newer ones go to a spill file on disk (-1: never)")
+	fl.StringVar(&f.transport, "transport", lim.Transport, "how requests travel between the kernel and the daemon: auto (FUSE over io_uring when the kernel offers it, else /dev/fuse), uring (or fail) or classic (docs/performance.md)")
 	fl.IntVar(&f.maxMessageInodes, "max-message-inodes", fusefs.DefaultMaxMessageInodes, "message inodes the kernel may cache before it is asked to forget the least recently used (0: no limit)")
 	// For measuring the daemon: a CPU profile to FILE, and the
 	// allocations to FILE.allocs, written at unmount.
@@ -110,6 +112,8 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 			f.sqliteFileBodies = v
 		case "fs_stage_bodies":
 			f.fsStageBodies = v
+		case "transport":
+			f.transport = v
 		case "max_message_inodes":
 			n, err := strconv.Atoi(v)
 			if err != nil {
@@ -125,6 +129,9 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	}
 	sync, err := queuecore.ParseSyncMode(f.sync)
 	if err != nil {
+		return err
+	}
+	if _, err := fusefs.ParseTransport(f.transport); err != nil {
 		return err
 	}
 	minFree, err := parseMinFree(f.minFree)
@@ -211,6 +218,7 @@ func runMount(ctx context.Context, env *cliEnv, args []string) error {
 	shown := displayStore(f.backend, f.store)
 	opts.FsName = shown
 	opts.MaxMessageInodes, opts.MemoryBudget = f.maxMessageInodes, budget
+	opts.Transport = f.transport
 	if budget > 0 {
 		// The Go heap is collected harder before the daemon nears the
 		// budget; the rest of it is SQLite's caches and the stacks.
@@ -395,7 +403,11 @@ func recoverMountpoint(mountpoint string, log *slog.Logger) (aborted bool, err e
 		switch {
 		case err == nil:
 			return false, fmt.Errorf("%s is already a yirangmq mount (unmount it first)", mountpoint)
-		case errors.Is(err, unix.ENOTCONN):
+		case errors.Is(err, unix.ENOTCONN),
+			// Over io_uring the kernel ends the connection a few
+			// milliseconds after its daemon is gone; a call in
+			// between fails with these (docs/fusefs.md).
+			errors.Is(err, unix.ECONNABORTED), errors.Is(err, unix.ECANCELED):
 			err := unix.Unmount(mountpoint, unix.MNT_DETACH)
 			log.Warn("detached a dead mount left by a crashed daemon", logMountpoint, mountpoint, logErr, err)
 			return false, nil
