@@ -70,16 +70,18 @@ import (
 // its inode cache; the kick names the file of the READ or WRITE taken
 // last, which a request that waits in a READ keeps open.
 //
-// Why a thread per worker: the kernel copies a request into an entry in
-// the context of the thread that submitted the entry's last command (an
-// io_uring "task work"), and that thread must get to run. A Go goroutine
-// moves between threads, and any thread of the process might by then be
-// asleep in the kernel waiting for the FUSE connection itself, above all
-// the one in the server's own umount(2), which waits until every entry
-// is back: that entry would never be filled, and umount never returns.
-// A locked worker's thread runs only that worker, which submits only its
-// own entry's commands, and that entry is never waiting for a request
-// while the worker handles one.
+// Why a worker is locked to its thread from the submission of its
+// entry's command until the request comes: the kernel copies a request
+// into an entry in the context of the thread that submitted the entry's
+// last command (an io_uring "task work"), and that thread must get to
+// run. A Go goroutine moves between threads, and any thread of the
+// process might by then be asleep in the kernel waiting for the FUSE
+// connection itself, above all the one in the server's own umount(2),
+// which waits until every entry is back: that entry would never be
+// filled, and umount never returns. Locked, the thread does nothing but
+// wait in io_uring_enter for that entry. Once the request is there the
+// entry is the worker's, no task work can come for it, and the handler
+// runs unlocked: a handler that blocks holds a goroutine, not a thread.
 
 const (
 	fuseURingCmdRegister       = 1
@@ -388,16 +390,20 @@ func (w *ringWorker) prep() error {
 	return nil
 }
 
-// run serves requests until the connection ends. Its thread is locked
-// and never unlocked: it ends with the worker (see the top of this file).
+// run serves requests until the connection ends. It is locked to its
+// thread while its entry is the kernel's (see the top of this file); it
+// returns locked, so that the thread, which io_uring knows, ends with it.
 func (w *ringWorker) run() {
-	runtime.LockOSThread()
 	p := w.pool
 	defer p.wg.Done()
 	logger := p.ms.opts.Logger
-	submit := true
+	submit, locked := true, false
 	for {
 		if submit {
+			if !locked {
+				runtime.LockOSThread()
+				locked = true
+			}
 			if err := w.prep(); err != nil {
 				logger.Printf("fuse: io_uring queue %d: %v", w.qid, err)
 				return
@@ -462,6 +468,8 @@ func (w *ringWorker) run() {
 				continue
 			}
 		}
+		runtime.UnlockOSThread()
+		locked = false
 		ih := (*InHeader)(unsafe.Pointer(&w.hdr[uringHdrInOut]))
 		p.took(w.qid, ih.Opcode, ih.NodeId)
 		p.served.Add(1)
