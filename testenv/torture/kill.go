@@ -1,7 +1,6 @@
 package torture
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -45,61 +44,12 @@ func alive(pid int) bool {
 	return syscall.Kill(pid, 0) == nil
 }
 
-// deadMountAnswers checks that the mount a killed daemon left fails at
-// once with ENOTCONN instead of hanging. (A stat may still be answered
-// from the kernel's attribute cache; opening the directory needs the
-// daemon.)
-//
-// Over FUSE's io_uring the kernel ends the connection some milliseconds
-// after the process is gone, once io_uring's cleanup of the dead rings
-// lets go of /dev/fuse (docs/fusefs.md). A call made before that fails at
-// once with ECANCELED when the kernel hands it to a ring entry whose
-// thread is gone, or waits for the end and fails with ECONNABORTED. So
-// there, opens that fail with those are taken until one fails with
-// ENOTCONN, each answered at once and all within StuckAfter.
+// deadMountAnswers checks that the mount a killed daemon left fails
+// with ENOTCONN instead of hanging (testenv.DeadMountAnswers, which
+// takes the ECANCELED and ECONNABORTED of FUSE's io_uring before it).
 func deadMountAnswers(mp string) error {
-	deadline := time.Now().Add(StuckAfter)
-	var seen []string
-	for {
-		answer, err := openDeadMount(mp)
-		switch {
-		case err != nil:
-			return err
-		case errors.Is(answer, unix.ENOTCONN):
-			return nil
-		case ringTransport() && (errors.Is(answer, unix.ECANCELED) || errors.Is(answer, unix.ECONNABORTED)) && time.Now().Before(deadline):
-			seen = append(seen, answer.Error())
-		default:
-			return fmt.Errorf("opening the dead mount %s: %v after %v, want ENOTCONN", mp, answer, seen)
-		}
-	}
+	return testenv.DeadMountAnswers(mp, StuckAfter, testenv.MayUseRings())
 }
-
-// openDeadMount opens mp once and returns how that failed; err is set
-// when the open did not return within StuckAfter, or succeeded.
-func openDeadMount(mp string) (answer, err error) {
-	done := make(chan error, 1)
-	go func() {
-		fd, err := unix.Open(mp, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		if err == nil {
-			unix.Close(fd)
-		}
-		done <- err
-	}()
-	select {
-	case answer := <-done:
-		if answer == nil {
-			return nil, fmt.Errorf("opening the dead mount %s: it opened", mp)
-		}
-		return answer, nil
-	case <-time.After(StuckAfter):
-		return nil, fmt.Errorf("opening the dead mount %s: no answer in %v: the mount is wedged", mp, StuckAfter)
-	}
-}
-
-// ringTransport reports whether the daemons may serve through io_uring:
-// any transport but classic (testenv.TransportEnv; unset is auto).
-func ringTransport() bool { return os.Getenv(testenv.TransportEnv) != "classic" }
 
 // abortMount frees a mount whose daemon or clients are stuck, once the
 // failure has been recorded, so that the run can end.
