@@ -65,8 +65,7 @@ type ioURingParams struct {
 
 // ioURing is one io_uring instance, used by one goroutine at a time.
 type ioURing struct {
-	fd       int
-	features uint32
+	fd int
 
 	ringMem []byte // SQ and CQ rings (one mapping with IORING_FEAT_SINGLE_MMAP)
 	cqMem   []byte // the CQ ring when it is mapped apart
@@ -92,7 +91,7 @@ func newIOURing(sqEntries, cqEntries uint32) (*ioURing, error) {
 	if errno != 0 {
 		return nil, fmt.Errorf("io_uring_setup: %w", errno)
 	}
-	r := &ioURing{fd: int(fd), features: p.Features, sqEntries: p.SQEntries}
+	r := &ioURing{fd: int(fd), sqEntries: p.SQEntries}
 	if err := r.mmap(&p); err != nil {
 		r.close()
 		return nil, err
