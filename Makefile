@@ -12,7 +12,7 @@ export CGO_ENABLED := 1
 # A go.work in a parent directory must not change what this module builds.
 export GOWORK := off
 
-.PHONY: all deps build test fuzz demo bench bench-go torture mount-bench mem-bench mem-soak lint install docs clean release release-bin test-cross
+.PHONY: all deps build test uring-check fuzz demo bench bench-go torture mount-bench mem-bench mem-soak lint install docs clean release release-bin test-cross
 
 all: build
 
@@ -25,14 +25,27 @@ build:
 # which ./... does not descend into: it is vetted and tested on its own;
 # so is the vendored go-fuse (third_party/go-fuse), for the tests of our
 # patches to it (PATCHES.md).
+# Every daemon of the tests serves through FUSE over io_uring, then the
+# suites that promise the mount's behaviour (the filesystem layer with the
+# contract test, the kill -9 torture, the memory tests) run again through
+# /dev/fuse (testenv.TransportEnv). The kernel must offer io_uring: see
+# uring-check.
 BENCH_DIR := bench
-test: deps build
+CLASSIC_AGAIN := ./fusefs ./testenv/torture ./testenv/membound
+test: deps build uring-check
 	$(GO) vet ./...
 	cd $(BENCH_DIR) && $(GO) vet ./...
-	$(GO) test -race -shuffle=on -timeout 30m ./...
+	YIRANGMQ_TEST_TRANSPORT=uring $(GO) test -race -shuffle=on -timeout 30m ./...
+	YIRANGMQ_TEST_TRANSPORT=classic $(GO) test -race -shuffle=on -timeout 30m $(CLASSIC_AGAIN)
 	cd $(BENCH_DIR) && $(GO) test -race -shuffle=on -timeout 10m ./...
-	cd third_party/go-fuse && $(GO) test -race -run 'Patch|Backing' ./fs
+	cd third_party/go-fuse && GOFUSE_REQUIRE_IOURING=1 $(GO) test -race -run 'Patch|Backing|IoUring' ./fs ./fuse
 	$(MAKE) fuzz
+
+# The io_uring half of make test needs a kernel that offers FUSE over
+# io_uring (Linux 6.14+ with CONFIG_FUSE_IO_URING; docs/performance.md).
+URING_PARAM := /sys/module/fuse/parameters/enable_uring
+uring-check:
+	@grep -qx Y $(URING_PARAM) 2>/dev/null || { echo "make test: FUSE over io_uring is off ($(URING_PARAM): $$(cat $(URING_PARAM) 2>&1)); as root: echo Y > $(URING_PARAM), or boot with fuse.enable_uring=1 (.ci/run does it)" >&2; exit 1; }
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParsePolicy$$' -fuzztime $(FUZZTIME) ./queuecore
@@ -146,10 +159,13 @@ bench-go:
 # kills each (default 100), or for DURATION each when given; then the
 # power-cut run (DURATION, default 5m). Prints each checker's summary:
 # kills, stuck daemons, stuck clients, lost, duplicates, restart times.
-# make test runs both briefly (20 kills and 20 cuts per store).
+# make test runs both briefly (20 kills and 20 cuts per store). The kills
+# run once per transport (TRANSPORTS; io_uring needs the kernel's
+# enable_uring, see uring-check).
 KILLS ?= 100
+TRANSPORTS ?= uring classic
 torture: build
-	$(GO) test -count=1 -timeout 0 -v -run '^TestKillNineTorture(Shared)?$$' ./testenv/torture -kills $(KILLS) -syncs full $(if $(DURATION),-duration $(DURATION)) 2>&1 | grep -E 'lost|kill phase|stuck|exit after|blocked|still there|^(ok|FAIL|---)'
+	for tr in $(TRANSPORTS); do echo "== transport $$tr"; YIRANGMQ_TEST_TRANSPORT=$$tr $(GO) test -count=1 -timeout 0 -v -run '^TestKillNineTorture(Shared)?$$' ./testenv/torture -kills $(KILLS) -syncs full $(if $(DURATION),-duration $(DURATION)) 2>&1 | grep -E 'lost|kill phase|stuck|exit after|blocked|still there|^(ok|FAIL|---)'; done
 	$(GO) test -count=1 -timeout 0 -v -run '^TestPowerCutFullSync$$' ./testenv/powercut -duration $(or $(DURATION),5m) 2>&1 | grep -E 'power cuts|^(ok|FAIL|---)'
 
 # The daemon in a 64 MiB memory cgroup (as root): 1,000,000 messages

@@ -62,6 +62,10 @@ func startDaemon(bin, dir string, spec mountSpec) (*daemon, error) {
 	if spec.debug {
 		args = append(args, "--debug")
 	}
+	// The transport of the tests' daemons (make test) is the bench's too.
+	if tr := os.Getenv(testenv.TransportEnv); tr != "" {
+		args = append(args, "--transport", tr)
+	}
 	args = append(args, d.mnt)
 	d.cmd = exec.Command(bin, args...)
 	d.cmd.Stdout, d.cmd.Stderr = lf, lf

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"syscall"
@@ -75,6 +76,11 @@ type Options struct {
 	FsName        string // shown as the source in /proc/mounts
 	Logger        *slog.Logger
 	Debug         bool
+	// Transport is how requests travel between the kernel and the
+	// daemon: "auto" (io_uring when the kernel offers it at INIT, else
+	// /dev/fuse), "uring" (FUSE over io_uring, or the mount fails) or
+	// "classic" (read and write on /dev/fuse). See docs/performance.md.
+	Transport string
 }
 
 // NameTimeoutFactor is how many times EntryTimeout the names of messages
@@ -96,6 +102,7 @@ func DefaultOptions() Options {
 		DraftTTL:               time.Hour,
 		FsName:                 "yirangmq",
 		MaxMessageInodes:       DefaultMaxMessageInodes,
+		Transport:              "auto",
 	}
 }
 
@@ -181,6 +188,10 @@ func (f *FS) Mount(core *queuecore.Core, mountpoint string) (*Server, error) {
 	f.budget.Store(f.opts.MemoryBudget)
 	f.trimWrites.Store(f.maxWrite > smallMaxWrite && smallBudgetFor(f.opts.MemoryBudget))
 	entry, attr, negative := f.opts.EntryTimeout, f.opts.AttrTimeout, time.Duration(0)
+	transport, err := ParseTransport(f.opts.Transport)
+	if err != nil {
+		return nil, err
+	}
 	mo := fuse.MountOptions{
 		FsName:        f.opts.FsName,
 		Name:          "yirangmq",
@@ -188,6 +199,11 @@ func (f *FS) Mount(core *queuecore.Core, mountpoint string) (*Server, error) {
 		Debug:         f.opts.Debug,
 		MaxBackground: 64,
 		MaxWrite:      f.maxWrite,
+		Transport:     transport,
+		// Every blocked .next read holds a ring entry (and its worker
+		// thread) until it is answered; the rest are for the requests
+		// being served beside them.
+		MaxRingWorkers: f.opts.MaxNextReaders + 8*runtime.NumCPU(),
 		// A bug in a handler must not take the queues down: log it with
 		// its stack and answer that request with EIO.
 		PanicHandler: func(r any) fuse.Status {
@@ -195,7 +211,7 @@ func (f *FS) Mount(core *queuecore.Core, mountpoint string) (*Server, error) {
 			return fuse.EIO
 		},
 	}
-	return mountServer(mountpoint, f.root, mo, &fs.Options{
+	server, err := mountServer(mountpoint, f.root, mo, &fs.Options{
 		EntryTimeout: &entry,
 		AttrTimeout:  &attr,
 		// A name found missing is never cached: the daemon may create it
@@ -217,6 +233,21 @@ func (f *FS) Mount(core *queuecore.Core, mountpoint string) (*Server, error) {
 			go f.watchMemory()
 		}
 	})
+	if err != nil {
+		return nil, err
+	}
+	tr := server.TransportInfo()
+	f.log.Info("transport", "transport", tr.Transport.String(), "reason", tr.Reason, "queues", tr.Queues)
+	return server, nil
+}
+
+// ParseTransport checks a transport's name (Options.Transport).
+func ParseTransport(s string) (fuse.Transport, error) {
+	t, err := fuse.ParseTransport(s)
+	if err != nil {
+		return t, fmt.Errorf("transport: %w", err)
+	}
+	return t, nil
 }
 
 // Stop ends the FS's goroutines; call after the server has unmounted.

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -55,6 +56,12 @@ func Binary(t testing.TB) string {
 	}
 	return buildPath
 }
+
+// TransportEnv names the variable that chooses the transport of every
+// daemon a test starts (`yirangmq mount --transport`): classic or uring;
+// unset, the daemon's default (auto). make test runs the suites that
+// mount once per transport.
+const TransportEnv = "YIRANGMQ_TEST_TRANSPORT"
 
 // DaemonOptions say how to mount.
 type DaemonOptions struct {
@@ -115,6 +122,9 @@ func StartDaemon(t testing.TB, opts DaemonOptions) *Daemon {
 
 func (d *Daemon) start() error {
 	args := append([]string{"mount", "--backend", d.opts.Backend, "--store", d.opts.Store, "--sync", d.opts.Sync}, d.opts.Args...)
+	if tr := os.Getenv(TransportEnv); tr != "" && !slices.Contains(d.opts.Args, "--transport") {
+		args = append(args, "--transport", tr)
+	}
 	args = append(args, d.Mountpoint)
 	if w := d.opts.Wrap; len(w) > 0 {
 		d.cmd = exec.Command(w[0], append(append(w[1:len(w):len(w)], d.bin), args...)...)
@@ -286,6 +296,63 @@ func ThreadStates(pid int) string {
 	}
 	return b.String()
 }
+
+// DeadMountAnswers checks that the mount a killed daemon left fails with
+// ENOTCONN instead of hanging, each call within grace. (A stat may still
+// be answered from the kernel's attribute cache; opening the directory
+// needs the daemon.)
+//
+// Over FUSE's io_uring the kernel ends the connection some milliseconds
+// after the process is gone, once io_uring's cleanup of the dead rings
+// lets go of /dev/fuse (docs/fusefs.md). A call made before that fails at
+// once with ECANCELED when the kernel hands it to a ring entry whose
+// thread is gone, or waits for the end and fails with ECONNABORTED. So
+// when the daemon may have served through io_uring (rings), opens that
+// fail with those are taken until one fails with ENOTCONN, all within
+// grace.
+func DeadMountAnswers(mp string, grace time.Duration, rings bool) error {
+	deadline := time.Now().Add(grace)
+	var seen []string
+	for {
+		answer, err := openDeadMount(mp, grace)
+		switch {
+		case err != nil:
+			return err
+		case errors.Is(answer, unix.ENOTCONN):
+			return nil
+		case rings && (errors.Is(answer, unix.ECANCELED) || errors.Is(answer, unix.ECONNABORTED)) && time.Now().Before(deadline):
+			seen = append(seen, answer.Error())
+		default:
+			return fmt.Errorf("opening the dead mount %s: %v after %v, want ENOTCONN", mp, answer, seen)
+		}
+	}
+}
+
+// openDeadMount opens mp once and returns how that failed; err is set
+// when the open did not return within grace, or succeeded.
+func openDeadMount(mp string, grace time.Duration) (answer, err error) {
+	done := make(chan error, 1)
+	go func() {
+		fd, err := unix.Open(mp, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err == nil {
+			unix.Close(fd)
+		}
+		done <- err
+	}()
+	select {
+	case answer := <-done:
+		if answer == nil {
+			return nil, fmt.Errorf("opening the dead mount %s: it opened", mp)
+		}
+		return answer, nil
+	case <-time.After(grace):
+		return nil, fmt.Errorf("opening the dead mount %s: no answer in %v: the mount is wedged", mp, grace)
+	}
+}
+
+// MayUseRings reports whether the daemons StartDaemon starts may serve
+// through io_uring: their transport (TransportEnv) is not classic.
+func MayUseRings() bool { return os.Getenv(TransportEnv) != "classic" }
 
 // Restart starts the daemon again on the same store and mountpoint.
 func (d *Daemon) Restart(t testing.TB) {

@@ -41,6 +41,7 @@ type mountFlags struct {
 	maxMessageInodes                int
 	cpuProfile                      string
 	sqliteFileBodies                string
+	transport                       string
 	fsStageBodies, fsSpillAt        string // ignored: settings of the fs store's format 1
 	// limits for several users on one mount (docs/multiuser.md)
 	nextReaders, nextReadersPerUID, nextReadersPerQueue int
@@ -68,7 +69,7 @@ func mount(ctx context.Context, env *cliEnv, args []string) (err error) {
 	fl.StringVar(&f.backend, "backend", "sqlite", "store backend: sqlite, fs or postgres")
 	fl.StringVar(&f.store, "store", defaultStore(), "store directory (created on first use), or with --backend postgres a connection URL")
 	fl.StringVar(&f.sync, "sync", "full", "durability: full (a message on disk at close; leases and acks within 100 ms), strict (leases and acks on disk too before they return), normal (survives a daemon crash) or off")
-	fl.StringSliceVarP(&f.options, "options", "o", nil, "mount options: allow_other, backend=, sync=, store=, min_free=, memory_budget=, max_message_inodes=, sqlite_file_bodies=, fs_max_messages= (others of mount(8) are accepted and ignored)")
+	fl.StringSliceVarP(&f.options, "options", "o", nil, "mount options: allow_other, backend=, sync=, store=, min_free=, memory_budget=, max_message_inodes=, sqlite_file_bodies=, fs_max_messages=, transport= (others of mount(8) are accepted and ignored)")
 	fl.BoolVar(&f.daemon, "daemon", false, "return once the mount is ready, leaving the daemon in the background")
 	fl.StringVar(&f.logFormat, "log-format", "text", "log format: text or json")
 	fl.StringVar(&f.logFile, "log-file", "", "append the log to this file instead of stderr (with --daemon: STORE/yirangmq.log by default)")
@@ -94,6 +95,7 @@ func mount(ctx context.Context, env *cliEnv, args []string) (err error) {
 	fl.StringVar(&f.fsSpillAt, "fs-spill-at", "", "")
 	_ = fl.MarkDeprecated("fs-stage-bodies", "the fs store stages no bodies since format 2: ignored")
 	_ = fl.MarkDeprecated("fs-spill-at", "the fs store spills no ready messages since format 2 (see --fs-max-messages): ignored")
+	fl.StringVar(&f.transport, "transport", lim.Transport, "how requests travel between the kernel and the daemon: auto (FUSE over io_uring when the kernel offers it, else /dev/fuse), uring (or fail) or classic (docs/performance.md)")
 	fl.IntVar(&f.maxMessageInodes, "max-message-inodes", fusefs.DefaultMaxMessageInodes, "message inodes the kernel may cache before it is asked to forget the least recently used (0: no limit)")
 	// For measuring the daemon: a CPU profile to FILE, and the
 	// allocations to FILE.allocs, written at unmount.
@@ -136,6 +138,8 @@ func mount(ctx context.Context, env *cliEnv, args []string) (err error) {
 				return fmt.Errorf("mount option %q: want a number of messages", o)
 			}
 			fsMaxMessages = n
+		case "transport":
+			f.transport = v
 		case "max_message_inodes":
 			n, err := strconv.Atoi(v)
 			if err != nil {
@@ -151,6 +155,9 @@ func mount(ctx context.Context, env *cliEnv, args []string) (err error) {
 	}
 	sync, err := queuecore.ParseSyncMode(f.sync)
 	if err != nil {
+		return err
+	}
+	if _, err := fusefs.ParseTransport(f.transport); err != nil {
 		return err
 	}
 	minFree, err := parseMinFree(f.minFree)
@@ -248,6 +255,7 @@ func mount(ctx context.Context, env *cliEnv, args []string) (err error) {
 	shown := displayStore(f.backend, f.store)
 	opts.FsName = shown
 	opts.MaxMessageInodes, opts.MemoryBudget = f.maxMessageInodes, budget
+	opts.Transport = f.transport
 	if budget > 0 {
 		debug.SetMemoryLimit(heapLimit(budget))
 		log.Info("memory budget", "budget_mib", budget>>20, "cgroup_limit_mib", cgLimit>>20)
@@ -559,7 +567,11 @@ func recoverMountpoint(mountpoint string, log *slog.Logger) (aborted bool, err e
 		switch {
 		case err == nil:
 			return false, fmt.Errorf("%s is already a yirangmq mount (unmount it first)", mountpoint)
-		case errors.Is(err, unix.ENOTCONN):
+		case errors.Is(err, unix.ENOTCONN),
+			// Over io_uring the kernel ends the connection a few
+			// milliseconds after its daemon is gone; a call in
+			// between fails with these (docs/fusefs.md).
+			errors.Is(err, unix.ECONNABORTED), errors.Is(err, unix.ECANCELED):
 			err := unix.Unmount(mountpoint, unix.MNT_DETACH)
 			log.Warn("detached a dead mount left by a crashed daemon", queuecore.LogMountpoint, mountpoint, queuecore.LogErr, err)
 			return false, nil

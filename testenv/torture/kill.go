@@ -1,7 +1,6 @@
 package torture
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -45,28 +44,11 @@ func alive(pid int) bool {
 	return syscall.Kill(pid, 0) == nil
 }
 
-// deadMountAnswers checks that the mount a killed daemon left fails at
-// once with ENOTCONN instead of hanging. (A stat may still be answered
-// from the kernel's attribute cache; opening the directory needs the
-// daemon.)
+// deadMountAnswers checks that the mount a killed daemon left fails
+// with ENOTCONN instead of hanging (testenv.DeadMountAnswers, which
+// takes the ECANCELED and ECONNABORTED of FUSE's io_uring before it).
 func deadMountAnswers(mp string) error {
-	done := make(chan error, 1)
-	go func() {
-		fd, err := unix.Open(mp, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		if err == nil {
-			unix.Close(fd)
-		}
-		done <- err
-	}()
-	select {
-	case err := <-done:
-		if !errors.Is(err, unix.ENOTCONN) {
-			return fmt.Errorf("opening the dead mount %s: %v, want ENOTCONN", mp, err)
-		}
-		return nil
-	case <-time.After(StuckAfter):
-		return fmt.Errorf("opening the dead mount %s: no answer in %v: the mount is wedged", mp, StuckAfter)
-	}
+	return testenv.DeadMountAnswers(mp, StuckAfter, testenv.MayUseRings())
 }
 
 // abortMount frees a mount whose daemon or clients are stuck, once the

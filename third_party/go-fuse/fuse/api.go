@@ -387,6 +387,24 @@ type MountOptions struct {
 	// ExtraCapabilities is a bitmask of capabilities which
 	// must be enabled in addition to the defaults.
 	ExtraCapabilities uint64
+
+	// Transport chooses how requests and replies travel between the
+	// kernel and the server: TransportClassic (the default: read(2)
+	// and write(2) on /dev/fuse), TransportAuto or TransportIoUring
+	// (FUSE over io_uring, Linux 6.14+). See Server.TransportInfo.
+	Transport Transport
+
+	// MaxRingWorkers bounds the ring entries of the io_uring transport,
+	// in all queues together. Each entry is served by a goroutine on
+	// an OS thread of its own, with an io_uring instance, a header page
+	// and a payload buffer of MaxWrite (mapped; resident once used). A
+	// queue (one per CPU) gets another entry when a request takes its
+	// last free one, so this bounds the requests that may be in
+	// handlers at once, blocked or not; past it, new requests from a CPU
+	// whose entries are all busy wait in the kernel until one is
+	// answered. Entries are never given back. 0: 16 per queue; at least
+	// 2 per queue.
+	MaxRingWorkers int
 }
 
 // RawFileSystem is an interface close to the FUSE wire protocol.

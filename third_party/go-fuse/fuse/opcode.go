@@ -123,6 +123,10 @@ func doInit(server *protocolServer, req *request) {
 	}
 
 	kernelFlags = kernelFlags &^ server.opts.DisabledCapabilities
+	if server.offerIoUring(input) {
+		kernelFlags |= CAP_OVER_IO_URING
+		server.uringNegotiated = true
+	}
 
 	// maxPages is the maximum request size we want the kernel to use, in units of
 	// memory pages (usually 4kiB). Linux v4.19 and older ignore this and always use
@@ -235,6 +239,9 @@ func doWrite(server *protocolServer, req *request) {
 
 func doNotifyReply(server *protocolServer, req *request) {
 	reply := (*NotifyRetrieveIn)(req.inData())
+	if reply.Unique&ringKickBit != 0 {
+		return // answers a ringPool.kick; only its commit mattered
+	}
 	server.retrieveMu.Lock()
 	reading := server.retrieveTab[reply.Unique]
 	delete(server.retrieveTab, reply.Unique)

@@ -38,6 +38,17 @@ type protocolServer struct {
 
 	writevCopyOnce sync.Once
 
+	// Set by doInit: whether INIT took up FUSE over io_uring, and why
+	// (or why not).
+	uringNegotiated bool
+	transportReason string
+
+	// earlyInterrupts are the uniques of INTERRUPTs that named no
+	// request in flight, kept while requests come through io_uring
+	// (rememberEarlyInterrupts), oldest first. See interruptRequest.
+	rememberEarlyInterrupts bool
+	earlyInterrupts         []uint64
+
 	// in-flight notify-retrieve queries
 	retrieveMu   sync.Mutex
 	retrieveNext uint64
@@ -124,6 +135,17 @@ func (ms *protocolServer) addInflight(req *request) {
 	defer ms.interruptMu.Unlock()
 	req.inflightIndex = len(ms.reqInflight)
 	ms.reqInflight = append(ms.reqInflight, req)
+	if len(ms.earlyInterrupts) > 0 {
+		unique := req.inHeader().Unique
+		for i, u := range ms.earlyInterrupts {
+			if u == unique {
+				ms.earlyInterrupts = append(ms.earlyInterrupts[:i], ms.earlyInterrupts[i+1:]...)
+				close(req.cancel)
+				req.interrupted = true
+				break
+			}
+		}
+	}
 }
 
 func (ms *protocolServer) dropInflight(req *request) {
@@ -151,8 +173,27 @@ func (ms *protocolServer) interruptRequest(unique uint64) Status {
 		}
 	}
 
+	// The request may not have reached a handler yet. On /dev/fuse the
+	// kernel sends the INTERRUPT again after EAGAIN. Requests that came
+	// through io_uring are not in the device's list of requests being
+	// processed, so the kernel cannot find them to send it again (the
+	// write of EAGAIN fails with ENOENT) and the interrupt would be
+	// lost: a read waiting for data would then ignore its caller's
+	// signal. So the unique is kept, and addInflight cancels the request
+	// when it arrives. Uniques are never reused, so one kept for a
+	// request that has already been answered matches nothing; the list
+	// is bounded.
+	if ms.rememberEarlyInterrupts {
+		if len(ms.earlyInterrupts) >= maxEarlyInterrupts {
+			ms.earlyInterrupts = ms.earlyInterrupts[1:]
+		}
+		ms.earlyInterrupts = append(ms.earlyInterrupts, unique)
+	}
 	return EAGAIN
 }
+
+// maxEarlyInterrupts bounds protocolServer.earlyInterrupts.
+const maxEarlyInterrupts = 64
 
 func (ms *protocolServer) cancelAll() {
 	ms.interruptMu.Lock()

@@ -69,6 +69,10 @@ type Server struct {
 
 	// for implementing single threaded processing.
 	requestProcessingMu sync.Mutex
+
+	// rings serves requests through io_uring; nil on the classic
+	// transport.
+	rings *ringPool
 }
 
 // SetDebug is deprecated. Use MountOptions.Debug instead.
@@ -131,7 +135,7 @@ func (ms *Server) Unmount() (err error) {
 		return
 	}
 	// Wait for event loops to exit.
-	ms.fuseFD.loops.Wait()
+	ms.Wait()
 	ms.mountPoint = ""
 	return err
 }
@@ -274,6 +278,10 @@ func NewServer(fs RawFileSystem, mountPoint string, opts *MountOptions) (*Server
 		// TODO - unmount as well?
 		return nil, fmt.Errorf("init: %s", code)
 	}
+	if err := ms.setupTransport(); err != nil {
+		ms.fuseFD.close()
+		return nil, err
+	}
 
 	// This prepares for Serve being called somewhere, either
 	// synchronously or asynchronously.
@@ -375,8 +383,11 @@ func (ms *Server) Serve() {
 		log.Panic("Serve() must only be called once, you have called it a second time")
 	}
 
+	if ms.rings != nil {
+		ms.rings.start()
+	}
 	ms.loop()
-	ms.fuseFD.loops.Wait()
+	ms.Wait()
 
 	ms.fuseFD.close()
 
@@ -404,6 +415,31 @@ func (ms *Server) Serve() {
 // after Serve has been called, or it will hang indefinitely.
 func (ms *Server) Wait() {
 	ms.fuseFD.loops.Wait()
+	if ms.rings != nil {
+		ms.rings.wait()
+	}
+}
+
+// setupTransport sets up the io_uring queues when INIT took up FUSE over
+// io_uring. With TransportAuto a failure leaves the server on /dev/fuse,
+// where the kernel keeps sending requests until every queue has an entry.
+func (ms *Server) setupTransport() error {
+	if !ms.uringNegotiated {
+		if ms.opts.Transport == TransportIoUring {
+			return fmt.Errorf("io_uring transport: %s", ms.transportReason)
+		}
+		return nil
+	}
+	rings, err := newRingPool(ms)
+	if err != nil {
+		if ms.opts.Transport == TransportIoUring {
+			return fmt.Errorf("io_uring transport: %w", err)
+		}
+		ms.transportReason = fmt.Sprintf("io_uring offered but not set up (%v)", err)
+		return nil
+	}
+	ms.rings = rings
+	return nil
 }
 
 func (ms *Server) handleInit() Status {
@@ -718,8 +754,14 @@ func (ms *protocolServer) inodeRetrieveCache1(node uint64, offset int64, dest []
 	}
 
 	ms.retrieveMu.Lock()
+	// Even and never 0: over io_uring the kernel takes 0 for a
+	// notification and masks the low bit (an interrupt's) when it
+	// matches the commit of the NOTIFY_REPLY with its request.
+	ms.retrieveNext = (ms.retrieveNext + 2) &^ ringKickBit
+	if ms.retrieveNext == 0 {
+		ms.retrieveNext = 2
+	}
 	q.NotifyUnique = ms.retrieveNext
-	ms.retrieveNext++
 	ms.retrieveTab[q.NotifyUnique] = reading
 	ms.retrieveMu.Unlock()
 
