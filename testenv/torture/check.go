@@ -155,22 +155,60 @@ func Check(events []Event, final []FinalMessage, opts CheckOptions) *Report {
 	if opts.Slack == 0 {
 		opts.Slack = 250 * time.Millisecond
 	}
-	r := &Report{Final: map[string]int{}, Redelivered: map[string]int{}}
+	c := newChecker(opts)
+	c.sortHistory(events)
+	c.checkReads()
+	c.checkFinal(final)
+	c.checkLeases()
+	c.checkLost()
+	c.checkAcks()
+	c.checkArchived()
+	c.checkRedeliveries()
+	c.checkKills()
+	return c.r
+}
 
-	publishes := map[string]Event{}
-	leases := map[string][]Event{} // observed leases (OK), by message
-	byLease := map[int][]Event{}   // read, ack, nack, abandon by lease event
-	acks := map[string][]Event{}   // every ack call, by message
-	nacks := map[string][]Event{}  // every nack call, by message
-	var reads, kills, leaseCalls []Event
+// checker is one run of Check: the report it fills, and the history
+// sorted by kind of call, by message and by lease, beside the states each
+// name was found in at the end.
+type checker struct {
+	r    *Report
+	opts CheckOptions
+
+	publishes                map[string]Event
+	leases                   map[string][]Event  // observed leases (OK), by message
+	byLease                  map[int][]Event     // read, ack, nack, abandon by lease event
+	acks                     map[string][]Event  // every ack call, by message
+	nacks                    map[string][]Event  // every nack call, by message
+	reads, kills, leaseCalls []Event             // reads that returned 0, kills, every lease call
+	where                    map[string][]string // the final states of each name
+}
+
+func newChecker(opts CheckOptions) *checker {
+	return &checker{
+		r:         &Report{Final: map[string]int{}, Redelivered: map[string]int{}},
+		opts:      opts,
+		publishes: map[string]Event{},
+		leases:    map[string][]Event{},
+		byLease:   map[int][]Event{},
+		acks:      map[string][]Event{},
+		nacks:     map[string][]Event{},
+		where:     map[string][]string{},
+	}
+}
+
+// sortHistory files every event under its kind of call, counts the calls
+// in the report, and puts the kills in the order they started.
+func (c *checker) sortHistory(events []Event) {
+	r := c.r
 	for _, e := range events {
 		switch e.Kind {
 		case KindPublish:
 			r.Publishes++
-			if prev, dup := publishes[e.Name]; dup {
+			if prev, dup := c.publishes[e.Name]; dup {
 				r.errorf("name %q published twice (#%d and #%d): the torture must use unique names", e.Name, prev.ID, e.ID)
 			}
-			publishes[e.Name] = e
+			c.publishes[e.Name] = e
 			switch e.Outcome {
 			case OK:
 				r.Committed++
@@ -180,127 +218,150 @@ func Check(events []Event, final []FinalMessage, opts CheckOptions) *Report {
 				r.FailedPublishes++
 			}
 		case KindLease, KindLeaseRename:
-			leaseCalls = append(leaseCalls, e)
+			c.leaseCalls = append(c.leaseCalls, e)
 			if e.BodyErr != "" {
 				r.BadBytes = append(r.BadBytes, e.String())
 				r.errorf("bad lease reply: %s", e)
 			}
 			if e.Outcome == OK && e.Name != "" {
-				leases[e.Name] = append(leases[e.Name], e)
+				c.leases[e.Name] = append(c.leases[e.Name], e)
 				r.Deliveries++
 			}
 		case KindRead:
-			byLease[e.Lease] = append(byLease[e.Lease], e)
+			c.byLease[e.Lease] = append(c.byLease[e.Lease], e)
 			if e.Outcome == OK {
-				reads = append(reads, e)
+				c.reads = append(c.reads, e)
 			}
 		case KindAck:
-			byLease[e.Lease] = append(byLease[e.Lease], e)
-			acks[e.Name] = append(acks[e.Name], e)
+			c.byLease[e.Lease] = append(c.byLease[e.Lease], e)
+			c.acks[e.Name] = append(c.acks[e.Name], e)
 			if e.Outcome == Unknown {
 				r.UnknownAcks++
 			}
 		case KindNack:
-			byLease[e.Lease] = append(byLease[e.Lease], e)
-			nacks[e.Name] = append(nacks[e.Name], e)
+			c.byLease[e.Lease] = append(c.byLease[e.Lease], e)
+			c.nacks[e.Name] = append(c.nacks[e.Name], e)
 			if e.Outcome == OK {
 				r.Nacks++
 			}
 		case KindAbandon:
-			byLease[e.Lease] = append(byLease[e.Lease], e)
+			c.byLease[e.Lease] = append(c.byLease[e.Lease], e)
 			r.Abandons++
 		case KindKill:
-			kills = append(kills, e)
+			c.kills = append(c.kills, e)
 		}
 	}
-	r.Kills = len(kills)
-	sort.Slice(kills, func(i, j int) bool { return kills[i].Start < kills[j].Start })
+	r.Kills = len(c.kills)
+	sort.Slice(c.kills, func(i, j int) bool { return c.kills[i].Start < c.kills[j].Start })
+}
 
-	// What a name must be, whoever shows it to us.
-	known := func(name, where string) {
-		p, ok := publishes[name]
-		switch {
-		case !ok:
-			r.errorf("%s: %q was never published", where, name)
-		case p.Outcome == Failed:
-			r.errorf("%s: %q appeared, but its publish never reached a live daemon or was refused: %s", where, name, p)
-		}
+// known checks what a name must be, whoever shows it to us: published,
+// by a publish that did not fail.
+func (c *checker) known(name, where string) {
+	p, ok := c.publishes[name]
+	switch {
+	case !ok:
+		c.r.errorf("%s: %q was never published", where, name)
+	case p.Outcome == Failed:
+		c.r.errorf("%s: %q appeared, but its publish never reached a live daemon or was refused: %s", where, name, p)
 	}
-	checkBytes := func(name, sum, bodyErr, where string) {
-		if bodyErr != "" {
-			r.BadBytes = append(r.BadBytes, fmt.Sprintf("%s %s: %s", where, name, bodyErr))
-			r.errorf("wrong bytes: %s %s: %s", where, name, bodyErr)
-			return
-		}
-		if p, ok := publishes[name]; ok && p.Sum != "" && p.Sum != sum {
-			r.BadBytes = append(r.BadBytes, fmt.Sprintf("%s %s: checksum %.12s, published %.12s", where, name, sum, p.Sum))
-			r.errorf("wrong bytes: %s %s: checksum %.12s differs from the published %.12s", where, name, sum, p.Sum)
-		}
-	}
+}
 
-	// Bodies read after a lease.
-	for _, e := range reads {
-		known(e.Name, fmt.Sprintf("read #%d", e.ID))
-		checkBytes(e.Name, e.Sum, e.BodyErr, fmt.Sprintf("read #%d of", e.ID))
+// checkBytes checks a body that was read: it verifies on its own and its
+// checksum is the one its publish recorded.
+func (c *checker) checkBytes(name, sum, bodyErr, where string) {
+	if bodyErr != "" {
+		c.r.BadBytes = append(c.r.BadBytes, fmt.Sprintf("%s %s: %s", where, name, bodyErr))
+		c.r.errorf("wrong bytes: %s %s: %s", where, name, bodyErr)
+		return
 	}
+	if p, ok := c.publishes[name]; ok && p.Sum != "" && p.Sum != sum {
+		c.r.BadBytes = append(c.r.BadBytes, fmt.Sprintf("%s %s: checksum %.12s, published %.12s", where, name, sum, p.Sum))
+		c.r.errorf("wrong bytes: %s %s: checksum %.12s differs from the published %.12s", where, name, sum, p.Sum)
+	}
+}
 
-	// The final state: one place per name, right bytes, nothing unknown.
-	where := map[string][]string{}
+// checkReads checks the bodies read after a lease.
+func (c *checker) checkReads() {
+	for _, e := range c.reads {
+		c.known(e.Name, fmt.Sprintf("read #%d", e.ID))
+		c.checkBytes(e.Name, e.Sum, e.BodyErr, fmt.Sprintf("read #%d of", e.ID))
+	}
+}
+
+// checkFinal counts the final state by state directory and checks it:
+// one place per name, right bytes, nothing unknown.
+func (c *checker) checkFinal(final []FinalMessage) {
 	for _, m := range final {
-		r.Final[m.State]++
-		where[m.Name] = append(where[m.Name], m.State)
-		known(m.Name, "final "+m.State+"/")
-		checkBytes(m.Name, m.Sum, m.BodyErr, "final "+m.State+"/")
+		c.r.Final[m.State]++
+		c.where[m.Name] = append(c.where[m.Name], m.State)
+		c.known(m.Name, "final "+m.State+"/")
+		c.checkBytes(m.Name, m.Sum, m.BodyErr, "final "+m.State+"/")
 	}
-	live := func(name string) bool {
-		for _, s := range where[name] {
-			if isLive(s) {
-				return true
-			}
-		}
-		return false
-	}
-	inArchive := func(name string) bool {
-		for _, s := range where[name] {
-			if s == StateArchive {
-				return true
-			}
-		}
-		return false
-	}
-	for _, name := range sortedKeys(where) {
-		if states := where[name]; len(states) > 1 {
-			r.errorf("%q is in %s at once", name, strings.Join(states, " and "))
+	for _, name := range sortedKeys(c.where) {
+		if states := c.where[name]; len(states) > 1 {
+			c.r.errorf("%q is in %s at once", name, strings.Join(states, " and "))
 		}
 	}
+}
 
-	// Observed leases.
-	for name, ls := range leases {
+// live reports whether name is in a live state at the end.
+func (c *checker) live(name string) bool {
+	for _, s := range c.where[name] {
+		if isLive(s) {
+			return true
+		}
+	}
+	return false
+}
+
+// inArchive reports whether name is in archive/ at the end.
+func (c *checker) inArchive(name string) bool {
+	for _, s := range c.where[name] {
+		if s == StateArchive {
+			return true
+		}
+	}
+	return false
+}
+
+// checkLeases puts each message's observed leases in the order they
+// ended, checks that every leased name was published, and counts the
+// messages delivered.
+func (c *checker) checkLeases() {
+	for name, ls := range c.leases {
 		sort.Slice(ls, func(i, j int) bool { return ls[i].End < ls[j].End })
-		leases[name] = ls
-		known(name, fmt.Sprintf("lease #%d", ls[0].ID))
+		c.leases[name] = ls
+		c.known(name, fmt.Sprintf("lease #%d", ls[0].ID))
 	}
-	r.Delivered = len(leases)
+	c.r.Delivered = len(c.leases)
+}
 
-	// Nothing committed is lost.
-	for _, name := range sortedKeys(publishes) {
-		p := publishes[name]
-		committed := p.Outcome == OK || len(leases[name]) > 0
-		if p.Outcome == OK && len(leases[name]) == 0 && !live(name) {
-			r.Lost = append(r.Lost, name)
-			r.errorf("lost: %q was committed (%s), never delivered, and is not in inbox, processing, delayed or dlq at the end (found in: %v)",
-				name, p, where[name])
+// checkLost checks that nothing committed is lost: never delivered and
+// not live at the end, or, with Archive, found in no state at all.
+func (c *checker) checkLost() {
+	for _, name := range sortedKeys(c.publishes) {
+		p := c.publishes[name]
+		committed := p.Outcome == OK || len(c.leases[name]) > 0
+		if p.Outcome == OK && len(c.leases[name]) == 0 && !c.live(name) {
+			c.r.Lost = append(c.r.Lost, name)
+			c.r.errorf("lost: %q was committed (%s), never delivered, and is not in inbox, processing, delayed or dlq at the end (found in: %v)",
+				name, p, c.where[name])
 		}
-		if opts.Archive && committed && len(where[name]) == 0 {
-			r.Vanished = append(r.Vanished, name)
-			r.errorf("vanished: %q was committed and is in no state at the end; its history: %s", name, historyOf(name, p, leases, acks, nacks))
+		if c.opts.Archive && committed && len(c.where[name]) == 0 {
+			c.r.Vanished = append(c.r.Vanished, name)
+			c.r.errorf("vanished: %q was committed and is in no state at the end; its history: %s", name, historyOf(name, p, c.leases, c.acks, c.nacks))
 		}
 	}
+}
 
-	// Acks and what they leave behind.
-	for _, name := range sortedKeys(acks) {
+// checkAcks checks the acks that returned 0 and what they leave behind:
+// one per message, the message out of every live state (and, with
+// Archive, in archive/), and no successful nack or lease after it.
+func (c *checker) checkAcks() {
+	for _, name := range sortedKeys(c.acks) {
 		var okAcks []Event
-		for _, a := range acks[name] {
+		for _, a := range c.acks[name] {
 			if a.Outcome == OK {
 				okAcks = append(okAcks, a)
 			}
@@ -308,9 +369,9 @@ func Check(events []Event, final []FinalMessage, opts CheckOptions) *Report {
 		if len(okAcks) == 0 {
 			continue
 		}
-		r.Acked++
+		c.r.Acked++
 		if len(okAcks) > 1 {
-			r.errorf("%q acked twice with success: %s and %s", name, okAcks[0], okAcks[1])
+			c.r.errorf("%q acked twice with success: %s and %s", name, okAcks[0], okAcks[1])
 		}
 		first := okAcks[0]
 		for _, a := range okAcks[1:] {
@@ -318,108 +379,127 @@ func Check(events []Event, final []FinalMessage, opts CheckOptions) *Report {
 				first = a
 			}
 		}
-		if live(name) {
-			r.errorf("%q is live (%v) at the end although its ack returned 0: %s", name, where[name], first)
-		} else if opts.Archive && !inArchive(name) {
-			r.errorf("%q is not in archive/ at the end although its ack returned 0: %s", name, first)
+		if c.live(name) {
+			c.r.errorf("%q is live (%v) at the end although its ack returned 0: %s", name, c.where[name], first)
+		} else if c.opts.Archive && !c.inArchive(name) {
+			c.r.errorf("%q is not in archive/ at the end although its ack returned 0: %s", name, first)
 		}
-		for _, n := range nacks[name] {
+		for _, n := range c.nacks[name] {
 			if n.Outcome == OK && n.Start > first.End {
-				r.errorf("%q nacked with success (%s) after its ack returned 0 (%s)", name, n, first)
+				c.r.errorf("%q nacked with success (%s) after its ack returned 0 (%s)", name, n, first)
 			}
 		}
-		for _, l := range leases[name] {
+		for _, l := range c.leases[name] {
 			if l.Start > first.End {
-				r.leaseViolation(l, "%q delivered again (%s) after its ack returned 0 (%s)", name, l, first)
+				c.r.leaseViolation(l, "%q delivered again (%s) after its ack returned 0 (%s)", name, l, first)
 			}
 		}
 	}
-	for _, name := range sortedKeys(where) {
-		if !inArchive(name) {
+}
+
+// checkArchived checks that every message in archive/ at the end had an
+// ack that reached the daemon.
+func (c *checker) checkArchived() {
+	for _, name := range sortedKeys(c.where) {
+		if !c.inArchive(name) {
 			continue
 		}
 		attempted := false
-		for _, a := range acks[name] {
+		for _, a := range c.acks[name] {
 			attempted = attempted || a.Outcome != Failed
 		}
 		if !attempted {
-			r.errorf("%q is in archive/ but no ack of it ever reached the daemon", name)
+			c.r.errorf("%q is in archive/ but no ack of it ever reached the daemon", name)
 		}
 	}
+}
 
-	// Duplicates and their causes.
-	terminalEnd := func(l Event) time.Duration {
-		end := time.Duration(-1)
-		for _, e := range byLease[l.ID] {
-			if e.Kind != KindRead && e.End > end {
-				end = e.End
-			}
+// terminalEnd is when the last ack, nack or abandon of lease l ended, or
+// -1 when it had none.
+func (c *checker) terminalEnd(l Event) time.Duration {
+	end := time.Duration(-1)
+	for _, e := range c.byLease[l.ID] {
+		if e.Kind != KindRead && e.End > end {
+			end = e.End
 		}
-		return end
 	}
-	for _, name := range sortedKeys(leases) {
-		ls := leases[name]
+	return end
+}
+
+// checkRedeliveries counts the messages delivered more than once and the
+// cause of each delivery beyond the first, and checks that none came
+// before the lease it follows could have expired, unless it was nacked.
+func (c *checker) checkRedeliveries() {
+	for _, name := range sortedKeys(c.leases) {
+		ls := c.leases[name]
 		if len(ls) < 2 {
 			continue
 		}
-		r.Duplicates++
-		r.ExtraDeliveries += len(ls) - 1
+		c.r.Duplicates++
+		c.r.ExtraDeliveries += len(ls) - 1
 		for i := 1; i < len(ls); i++ {
 			prev, cur := ls[i-1], ls[i]
-			nacked := false // by anyone holding the name between the two leases
-			for _, n := range nacks[name] {
-				if n.Outcome != Failed && n.End > prev.Start && n.Start < cur.End {
-					nacked = true
-				}
-			}
-			cause := CauseExpired
-			own := byLease[prev.ID]
-			end := terminalEnd(prev)
-			if end < 0 {
-				end = cur.End
-			}
-			switch {
-			case hasKind(own, KindNack, OK):
-				cause = CauseNack
-			case hasKind(own, KindAbandon, OK):
-				cause = CauseAbandon
-			case killBetween(kills, prev.Start, end):
-				cause = CauseKill
-			case nacked:
-				cause = CauseNack
-			}
-			r.Redelivered[cause]++
-			if !nacked && cur.End+opts.Slack < prev.Start+opts.VisibilityTimeout {
-				r.leaseViolation(cur, "%q redelivered %v after it was leased, before its visibility timeout (%v) and with no nack: %s then %s",
-					name, (cur.End - prev.Start).Round(time.Millisecond), opts.VisibilityTimeout, prev, cur)
+			cause, nacked := c.redeliveryCause(name, prev, cur)
+			c.r.Redelivered[cause]++
+			if !nacked && cur.End+c.opts.Slack < prev.Start+c.opts.VisibilityTimeout {
+				c.r.leaseViolation(cur, "%q redelivered %v after it was leased, before its visibility timeout (%v) and with no nack: %s then %s",
+					name, (cur.End - prev.Start).Round(time.Millisecond), c.opts.VisibilityTimeout, prev, cur)
 			}
 		}
 	}
+}
 
-	// Leases in flight at each kill: taken (or being taken) before it,
-	// and not yet acked, nacked or abandoned when it came.
-	for _, k := range kills {
-		for _, l := range leaseCalls {
+// redeliveryCause says why lease cur of name followed lease prev, and
+// whether anyone holding the name nacked it between the two.
+func (c *checker) redeliveryCause(name string, prev, cur Event) (cause string, nacked bool) {
+	for _, n := range c.nacks[name] {
+		if n.Outcome != Failed && n.End > prev.Start && n.Start < cur.End {
+			nacked = true
+		}
+	}
+	own := c.byLease[prev.ID]
+	end := c.terminalEnd(prev)
+	if end < 0 {
+		end = cur.End
+	}
+	switch {
+	case hasKind(own, KindNack, OK):
+		return CauseNack, nacked
+	case hasKind(own, KindAbandon, OK):
+		return CauseAbandon, nacked
+	case killBetween(c.kills, prev.Start, end):
+		return CauseKill, nacked
+	case nacked:
+		return CauseNack, nacked
+	}
+	return CauseExpired, nacked
+}
+
+// checkKills counts the leases in flight at each kill: taken (or being
+// taken) before it, and not yet acked, nacked or abandoned when it came;
+// no more redeliveries than that may follow kills.
+func (c *checker) checkKills() {
+	for _, k := range c.kills {
+		for _, l := range c.leaseCalls {
 			if l.Start >= k.Start || l.Outcome == Failed {
 				continue
 			}
 			end := l.End
 			if l.Outcome == OK {
-				if t := terminalEnd(l); t >= 0 {
+				if t := c.terminalEnd(l); t >= 0 {
 					end = t
 				} else {
 					end = math.MaxInt64
 				}
 			}
 			if end >= k.Start {
-				r.InFlightAtKills++
+				c.r.InFlightAtKills++
 			}
 		}
 	}
-	if r.Redelivered[CauseKill] > r.InFlightAtKills {
-		r.errorf("%d redeliveries follow kills, more than the %d leases in flight at the kills", r.Redelivered[CauseKill], r.InFlightAtKills)
+	if c.r.Redelivered[CauseKill] > c.r.InFlightAtKills {
+		c.r.errorf("%d redeliveries follow kills, more than the %d leases in flight at the kills", c.r.Redelivered[CauseKill], c.r.InFlightAtKills)
 	}
-	return r
 }
 
 func hasKind(events []Event, k Kind, o Outcome) bool {
