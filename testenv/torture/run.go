@@ -401,11 +401,12 @@ func (r *runner) drain() {
 }
 
 // finish kills and restarts every daemon a last time, reads the final
-// state as the first mount shows it, checks the history against it, and
+// state as the first mount shows it, checks the history against it, adds
+// up the errors no live mount should have given, and
 // keeps both when the check failed.
 func (r *runner) finish(began time.Time) {
 	r.t.Helper()
-	t, res, m := r.t, r.res, r.mounts[0]
+	t, res := r.t, r.res
 	r.killAll()
 	final, err := readFinal(r.qdirs[0])
 	if err != nil {
@@ -414,9 +415,19 @@ func (r *runner) finish(began time.Time) {
 	res.Events, res.Final = r.h.Events(), final
 	res.Report = Check(res.Events, final, CheckOptions{VisibilityTimeout: VisibilityTimeout, Archive: true})
 	res.Runtime = time.Since(began)
-	m.mu.Lock()
-	res.Unexpected = m.unexpected
-	m.mu.Unlock()
+	// Every mount's clients count their own (two daemons on a shared
+	// store: both mounts).
+	res.Unexpected = map[string]int{}
+	for k, m := range r.mounts {
+		m.mu.Lock()
+		for e, n := range m.unexpected {
+			if k > 0 {
+				e = fmt.Sprintf("mount %d: %s", k+1, e)
+			}
+			res.Unexpected[e] += n
+		}
+		m.mu.Unlock()
+	}
 	if !res.Report.OK() {
 		if dir, err := res.Save(r.opts.KeepDir); err == nil {
 			t.Logf("history and final state kept in %s", dir)
