@@ -31,35 +31,34 @@ func defaultStore() string {
 	return "yirangmq-store"
 }
 
-// fsMaxMessages is --fs-max-messages: the messages the fs store holds at
-// most (0: its default).
-var fsMaxMessages int
-
-// fsSpares is the hidden --fs-spares, for measuring the spare files.
-var fsSpares int
-
-const defaultFSMaxMessages = fs.DefaultMaxMessages
-
-// sqliteFileBodies is --sqlite-file-bodies: the body size from which the
-// sqlite store keeps a body in a file (0: its default, -1: never).
-var sqliteFileBodies int64
+// storeSpec is the store a mount opens, from its flags.
+type storeSpec struct {
+	backend, dir string
+	sync         queuecore.SyncMode
+	// sqliteFileBodies is the body size from which the sqlite store keeps
+	// a body in a file (0: its default, -1: never).
+	sqliteFileBodies int64
+	// fsMaxMessages is the messages the fs store holds at most (0: its
+	// default); fsSpares its spare files (0: its default, -1: none).
+	fsMaxMessages, fsSpares int
+}
 
 // openStore opens the store of a backend; this is the one place where the
 // command line meets the backends.
-func openStore(ctx context.Context, backend, dir string, sync queuecore.SyncMode, holder string, log *slog.Logger) (queuecore.Store, error) {
-	opts := backends.Options{Sync: sync, Holder: holder, Logger: log}
-	switch backend {
+func openStore(ctx context.Context, spec storeSpec, holder string, log *slog.Logger) (queuecore.Store, error) {
+	opts := backends.Options{Sync: spec.sync, Holder: holder, Logger: log}
+	switch spec.backend {
 	case "sqlite":
-		return sqlite.OpenTuned(ctx, dir, opts, sqlite.Tuning{FileBodies: sqliteFileBodies})
+		return sqlite.OpenTuned(ctx, spec.dir, opts, sqlite.Tuning{FileBodies: spec.sqliteFileBodies})
 	case "fs":
-		return fs.OpenTuned(ctx, dir, opts, fs.Tuning{MaxMessages: fsMaxMessages, Spares: fsSpares})
+		return fs.OpenTuned(ctx, spec.dir, opts, fs.Tuning{MaxMessages: spec.fsMaxMessages, Spares: spec.fsSpares})
 	case "postgres":
-		if !isPostgresURL(dir) {
-			return nil, fmt.Errorf("--backend postgres needs --store postgres://USER@HOST/DB (or a key=value connection string), not %q", dir)
+		if !isPostgresURL(spec.dir) {
+			return nil, fmt.Errorf("--backend postgres needs --store postgres://USER@HOST/DB (or a key=value connection string), not %q", spec.dir)
 		}
-		return openPostgres(ctx, dir, opts)
+		return openPostgres(ctx, spec.dir, opts)
 	}
-	return nil, fmt.Errorf("unknown backend %q: use sqlite, fs or postgres", backend)
+	return nil, fmt.Errorf("unknown backend %q: use sqlite, fs or postgres", spec.backend)
 }
 
 // isPostgresURL reports whether s looks like a PostgreSQL connection string.
