@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"yirangmq/queuecore"
+
+	"github.com/hanwen/go-fuse/v2/fs"
 )
 
 // pending is a file in inbox/ that is not a message yet: being written, or
@@ -178,6 +180,15 @@ func (n *msgNode) isStaleDraft(now time.Time, ttl time.Duration) bool {
 	return true
 }
 
+// A message node while it is written: the bytes go to its pending, and
+// the commit is at FLUSH or RELEASE (above).
+var (
+	_ = (fs.NodeWriter)((*msgNode)(nil))
+	_ = (fs.NodeFsyncer)((*msgNode)(nil))
+	_ = (fs.NodeFlusher)((*msgNode)(nil))
+	_ = (fs.NodeReleaser)((*msgNode)(nil))
+)
+
 func (f *FS) dropPending(queue, name string, n *msgNode) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -185,4 +196,133 @@ func (f *FS) dropPending(queue, name string, n *msgNode) {
 	if f.pending[key] == n {
 		delete(f.pending, key)
 	}
+}
+func (n *msgNode) Write(ctx context.Context, fh fs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
+	if _, ok := fh.(*writeHandle); !ok {
+		return 0, syscall.EBADF
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	p := n.pend
+	if p == nil || p.done {
+		return 0, syscall.EPERM // after the commit the message is immutable
+	}
+	end := off + int64(len(data))
+	if end > len64(p.buf) {
+		if err := n.resizeLocked(end); err != nil {
+			return 0, errnoOf(err)
+		}
+	}
+	copy(p.buf[off:], data)
+	if len(data) > 0 {
+		p.written = true
+	}
+	n.fsys.trimWrite(data)
+	return uint32(len(data)), 0
+}
+
+func len64(b []byte) int64 { return int64(len(b)) }
+
+// resizeLocked grows or truncates the buffer of a file being written; past
+// the queue's maxMessageBytes it is ErrTooLarge (EFBIG at write(2), as
+// docs/contract.md says), past the draft bounds errDraftsFull (EDQUOT).
+func (n *msgNode) resizeLocked(size int64) error {
+	p := n.pend
+	if p.done {
+		return queuecore.ErrImmutable
+	}
+	if size > p.limit {
+		if !p.tooBig {
+			// Recorded at the close, which fails with EFBIG too (commit).
+			n.fsys.log.Warn("write refused: message larger than the queue's maxMessageBytes",
+				queuecore.LogQueue, n.queue, queuecore.LogName, n.name, queuecore.LogUID, p.uid, "limit", p.limit)
+			p.tooBig = true
+		}
+		return queuecore.ErrTooLarge
+	}
+	if size <= int64(cap(p.buf)) {
+		old := len(p.buf)
+		p.buf = p.buf[:size]
+		if int(size) > old {
+			clear(p.buf[old:])
+		}
+		return nil
+	}
+	// Grow by doubling (within maxMessageBytes), or to exactly size when
+	// the draft bounds leave no room for more.
+	newCap := max(size, min(2*int64(cap(p.buf)), p.limit))
+	if !n.fsys.growDrafts(p.uid, newCap-p.held) {
+		newCap = size
+		if !n.fsys.growDrafts(p.uid, newCap-p.held) {
+			if !p.quota {
+				n.fsys.refuse(refusal{msg: "write refused: too many uncommitted bytes (EDQUOT)", queue: n.queue, name: n.name, uid: p.uid, errno: errnoOf(errDraftsFull)},
+					"max_total", n.fsys.opts.MaxDraftBytes, "max_per_uid", n.fsys.opts.MaxDraftBytesPerUID)
+				p.quota = true
+			}
+			return errDraftsFull
+		}
+	}
+	p.held = newCap
+	nb := make([]byte, size, newCap)
+	copy(nb, p.buf)
+	p.buf = nb
+	return nil
+}
+
+// Fsync before close is allowed and harmless: durability comes with the
+// commit at close.
+func (n *msgNode) Fsync(ctx context.Context, fh fs.FileHandle, flags uint32) syscall.Errno { return 0 }
+
+// Flush commits when it comes from the process that created the file and
+// something was written: then close(2) returns the commit's result.
+func (n *msgNode) Flush(ctx context.Context, fh fs.FileHandle) syscall.Errno {
+	if _, ok := fh.(*writeHandle); !ok {
+		return 0
+	}
+	n.mu.Lock()
+	p := n.pend
+	// A file refused with EFBIG is settled at its creator's close too, even
+	// when no write succeeded, so that close(2) reports the EFBIG.
+	ready := p != nil && !p.draft && !p.editorTemp && !p.done && (p.written || p.tooBig)
+	var creator uint32
+	if p != nil {
+		creator = p.creator
+	}
+	n.mu.Unlock()
+	if !ready {
+		return 0
+	}
+	if _, _, pid := caller(ctx); !sameProcess(pid, creator) {
+		return 0 // a child that inherited the descriptor; the creator's close commits
+	}
+	return n.commit(ctx)
+}
+
+// Release commits what no Flush did: empty files, and files whose
+// descriptor went to another process.
+func (n *msgNode) Release(ctx context.Context, fh fs.FileHandle) syscall.Errno {
+	n.released()
+	if h, ok := fh.(*readHandle); ok && h.held > 0 {
+		n.fsys.drafts.grow(&n.fsys.opts, h.uid, -h.held) // a copy of a file not committed
+		h.held, h.body = 0, nil
+	}
+	if h, ok := fh.(*readHandle); ok && h.file != nil {
+		h.file.Close()
+		h.file = nil
+		n.fsys.bodyFiles.give()
+	}
+	if _, ok := fh.(*writeHandle); !ok {
+		return 0
+	}
+	if n.holdAtRelease() {
+		return 0 // an editor's temporary file: see editortemp.go
+	}
+	n.mu.Lock()
+	p := n.pend
+	ready := p != nil && !p.draft && !p.done
+	n.mu.Unlock()
+	if ready {
+		n.commit(context.Background())
+	}
+	return 0
 }

@@ -79,6 +79,13 @@ func runUmount(ctx context.Context, env *cliEnv, args []string) error {
 	if *lazy {
 		return nil
 	}
+	return waitForDaemon(ctx, mp, pid, pidfd, info.Conn, *timeout)
+}
+
+// waitForDaemon waits, after the unmount of mp, until its daemon has
+// exited, says who holds the mount in another namespace if one does, or
+// gives up after timeout.
+func waitForDaemon(ctx context.Context, mp string, pid, pidfd int, conn string, timeout time.Duration) error {
 	// Without the daemon's pid (its .stats did not answer in time: a
 	// dead mount, or a daemon busy under load), its FUSE connection
 	// tells: it goes when the daemon has let go of /dev/fuse.
@@ -86,25 +93,25 @@ func runUmount(ctx context.Context, env *cliEnv, args []string) error {
 		if pidfd >= 0 {
 			return exited(pidfd, time.Second)
 		}
-		if info.Conn == "" {
+		if conn == "" {
 			return true
 		}
-		if _, err := os.Stat("/sys/fs/fuse/connections/" + info.Conn); errors.Is(err, os.ErrNotExist) {
+		if _, err := os.Stat("/sys/fs/fuse/connections/" + conn); errors.Is(err, os.ErrNotExist) {
 			return true
 		}
 		time.Sleep(time.Second)
 		return false
 	}
-	deadline := time.Now().Add(*timeout)
+	deadline := time.Now().Add(timeout)
 	for {
 		if gone() {
 			return nil
 		}
-		if holders := mountHolders(info.Conn); len(holders) > 0 {
+		if holders := mountHolders(conn); len(holders) > 0 {
 			return heldElsewhere(mp, pid, holders)
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("unmounted %s, but its daemon (pid %d) has not exited %s later: see its log", mp, pid, *timeout)
+			return fmt.Errorf("unmounted %s, but its daemon (pid %d) has not exited %s later: see its log", mp, pid, timeout)
 		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("unmounted %s; interrupted while the daemon (pid %d) was stopping", mp, pid)

@@ -95,7 +95,16 @@ func TestUmountExplainsAMountHeldInAnotherNamespace(t *testing.T) {
 		holder.Process.Kill()
 		holder.Wait()
 	})
+	ours, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
+		t.Fatal(err)
+	}
 	testenv.MustRetryUntil(t, 10*time.Second, "the holder's namespace has the mount", func() bool {
+		// Until unshare has run, the holder is still in this namespace,
+		// whose mountinfo has the mount too.
+		if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", holder.Process.Pid)); err != nil || ns == ours {
+			return false
+		}
 		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", holder.Process.Pid))
 		return strings.Contains(string(b), " "+mp+" ") && strings.Contains(string(b), "fuse.yirangmq")
 	})
