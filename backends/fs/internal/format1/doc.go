@@ -7,6 +7,13 @@
 // (package backends/fs) converts a format-1 store with Export and never
 // writes format 1 again.
 //
+// Its long functions (decodeRecord, reconciler.resolve, readSnapshot,
+// dirtySet.sync, Store.runFileOps) and files.go stay as they were: this is
+// frozen code that only reads old stores, and every split is a chance to
+// change what it recovers with nothing left to catch it (format 1's own
+// tests went with it; the upgrade tests open a clean and a crashed
+// format-1 store, backends/fs/testdata).
+//
 // What follows is that build's description of format 1.
 //
 // # On-disk layout

@@ -87,6 +87,8 @@ func isMessageOp(k fileOpKind) bool {
 // operation fails the store; the operations after it stay undone (the
 // journal still has them for the next Open). One that failed for lack of
 // space stalls them instead: they are tried again later (Reclaim).
+//
+// It stays whole: frozen format-1 code (see the package comment).
 func (s *Store) runFileOps(pos int64) {
 	s.fileMu.Lock()
 	defer s.fileMu.Unlock()
@@ -539,6 +541,8 @@ func (d *dirtySet) dir(dirs ...string) {
 // unless syncfsOK says a syncfs(2) of the store did it.
 //
 // The caller holds Store.fileMu: no body file moves while it runs.
+//
+// It stays whole: frozen format-1 code (see the package comment).
 func (d *dirtySet) sync(syncfsOK bool) error {
 	d.mu.Lock()
 	files, dirs, overflow, moves := d.files, d.dirs, d.overflow, d.moves

@@ -211,6 +211,9 @@ type record struct {
 
 var errBadRecord = errors.New("bad journal record")
 
+// decodeRecord reads one journal record's payload.
+//
+// It stays whole: frozen format-1 code (see the package comment).
 func decodeRecord(payload []byte) (*record, error) {
 	nl := 0
 	for nl < len(payload) && payload[nl] != '\n' {

@@ -313,6 +313,8 @@ func (r *reconciler) addStray(p, queue, name string, touched bool) *stray {
 // resolve gives every message without a file its body back (its own stray
 // file, found by ID xattr; the journal's copy; a stray of the same queue
 // and name) and disposes of the strays nobody claimed.
+//
+// It stays whole: frozen format-1 code (see the package comment).
 func (r *reconciler) resolve() error {
 	s := r.s
 	byOwner := map[uint64][]*stray{}

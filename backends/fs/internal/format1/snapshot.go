@@ -154,6 +154,8 @@ type snapshotState struct {
 
 // readSnapshot loads the snapshot of dir into ix; a store without one is
 // empty.
+//
+// It stays whole: frozen format-1 code (see the package comment).
 func readSnapshot(dir string, ix *index) (snapshotState, error) {
 	var st snapshotState
 	f, err := os.Open(filepath.Join(dir, snapshotName))
