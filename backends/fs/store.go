@@ -49,7 +49,8 @@ const fuseSuperMagic = 0x65735546
 
 // DefaultMaxMessages is Tuning.MaxMessages's default: the messages the
 // store holds at most, in every queue and state together. The index keeps
-// about 200 bytes of memory a message, so this bounds it near 20 MiB.
+// about 240 bytes of memory a message (BenchmarkMessageMemory), so this
+// bounds it near 24 MiB.
 const DefaultMaxMessages = 100_000
 
 // Tuning holds the fs store's own settings.

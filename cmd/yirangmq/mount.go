@@ -185,7 +185,7 @@ func (f *mountFlags) define(fl *pflag.FlagSet) {
 	fl.Int64Var(&f.draftMiBPerUID, "max-draft-mib-per-uid", lim.MaxDraftBytesPerUID>>20, "MiB held for files not committed yet, per writer uid")
 	fl.StringVar(&f.memoryBudget, "memory-budget", "auto", "RSS at which the daemon sheds caches (70%) and refuses new messages with ENOSPC (90%): a size (48MiB), off, or auto (3/4 of the cgroup's memory limit; off without one)")
 	fl.StringVar(&f.sqliteFileBodies, "sqlite-file-bodies", "256K", "with --backend sqlite: bodies of this SIZE or more are kept in files of their own (STORE/bodies/), which readers read in place; 0: none, every body in the database file")
-	fl.IntVar(&f.fsMaxMessages, "fs-max-messages", fs.DefaultMaxMessages, "with --backend fs: messages the store holds at most, in every queue and state (past it a publish fails with EDQUOT); the daemon keeps about 200 bytes of memory per message")
+	fl.IntVar(&f.fsMaxMessages, "fs-max-messages", fs.DefaultMaxMessages, "with --backend fs: messages the store holds at most, in every queue and state (past it a publish fails with EDQUOT); the daemon keeps about 240 bytes of memory per message")
 	fl.IntVar(&f.fsSpares, "fs-spares", 0, "")
 	_ = fl.MarkHidden("fs-spares")
 	// Settings of the fs store's format 1, which earlier builds wrote:
