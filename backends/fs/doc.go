@@ -109,9 +109,10 @@
 // directory under queues/ that cannot be a queue, a second live message
 // of one name.
 //
-// The index keeps an entry in memory per message (its size: BenchmarkMessageMemory, docs/performance.md), so the store
-// holds at most Tuning.MaxMessages (100,000 by default): past it an insert
-// fails with queuecore.ErrStoreFull (EDQUOT through the mount).
+// The index keeps an entry in memory per message (its size:
+// BenchmarkMessageMemory, docs/performance.md), so the store holds at most
+// Tuning.MaxMessages (100,000 by default): past it an insert fails with
+// queuecore.ErrStoreFull (EDQUOT through the mount).
 //
 // # Format 1
 //
