@@ -28,7 +28,7 @@ func bigBody(seed byte, n int) []byte {
 // another user of an allow_other mount, from descriptors opened before the
 // message was leased, acked and its name taken by a new message, and from
 // two descriptors at once (both stores hand their body files to the
-// kernel, see docs/performance.md).
+// kernel, see docs/performance-history.md).
 func TestBigBodies(t *testing.T) {
 	eachBackend(t, testenv.DaemonOptions{Args: []string{"-o", "allow_other"}}, func(t *testing.T, d *testenv.Daemon) {
 		q := mkq(t, d, "big", `{"maxMessageBytes": 8388608}`)

@@ -41,7 +41,7 @@ type Options struct {
 	// create always looks the name up. Some reads are not checked
 	// (docs/fusefs.md). What a longer one saves is the LOOKUP of the
 	// source of each lease of a message published more than EntryTimeout
-	// before (docs/performance.md).
+	// before (docs/performance-history.md).
 	NameTimeout time.Duration
 	// MaxNextReaders caps the .next reads blocked at once; past it a read
 	// fails with EBUSY. MaxNextReadersPerUID and MaxNextReadersPerQueue

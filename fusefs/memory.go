@@ -21,8 +21,9 @@ import (
 // The kernel keeps an inode (and its dentry) for every message it has
 // seen, until its own memory runs short; go-fuse keeps a node for each
 // inode the kernel holds, so the daemon's memory grew with every message
-// published through the mount and still waiting, about 1.7 KB each (see
-// docs/performance.md). Two things bound it:
+// published through the mount and still waiting (what each costs:
+// docs/performance-history.md, "Memory with a backlog"). Two things bound
+// it:
 //
 //   - the pruner: past Options.MaxMessageInodes message nodes, it asks the
 //     kernel to forget the least recently used ones, the messages published
@@ -35,10 +36,9 @@ import (
 //     with ENOSPC until it is back under.
 
 // DefaultMaxMessageInodes is how many message inodes the kernel may keep
-// before the pruner asks it to forget some: about 3.4 MB of nodes in the
-// daemon and 4.5 MB in the kernel at most. A backlog up to that size is
-// consumed without a LOOKUP per lease (docs/performance.md: with 1024, a
-// burst of 1,500 messages cost every lease a third FUSE request).
+// before the pruner asks it to forget some. A backlog up to that size is
+// consumed without a LOOKUP per lease; what the nodes cost, and what a
+// smaller bound cost the leases of a burst: docs/performance-history.md.
 const DefaultMaxMessageInodes = 4096
 
 // Memory levels, as fractions of the budget, in percent: at shedPct the
@@ -276,9 +276,8 @@ func (f *FS) pruneCandidates(limit int) []*fs.Inode {
 // watchMemory runs until Stop when a budget is set: it reads the daemon's
 // RSS twice a second and moves between the levels (see shedPct).
 //
-// An idle daemon must not wake twice a second (each look woke about 11
-// threads' worth of context switches: 22 a second, measured on an idle
-// daemon with a 48 MiB budget). After memWatchCalmLooks looks under the
+// An idle daemon must not wake twice a second (each look wakes several
+// threads: docs/performance-history.md, "An idle daemon's wake-ups"). After memWatchCalmLooks looks under the
 // calm level with the RSS steady (within 1% of the budget over them), the
 // watcher parks until what the daemon holds grows: a new message
 // (memoryFull), a draft's buffer, a new message node (a lookup; the pruner

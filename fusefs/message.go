@@ -114,7 +114,7 @@ const noFlush = fuse.FOPEN_NOFLUSH
 // (the fs store) is read from that file (file, size) instead of a copy in
 // memory: the kernel reads it itself when it accepts the file as the
 // open's backing file (FUSE passthrough, PassthroughFd), else READs are
-// spliced from it. See docs/performance.md.
+// spliced from it. See docs/performance-history.md.
 type readHandle struct {
 	body []byte
 	uid  uint32

@@ -16,8 +16,8 @@ import (
 // largest READ it asks for: 1 MiB (256 pages, the kernel's default
 // max_pages_limit; go-fuse lowers it to that limit where it is lower).
 // A 1 MiB message is then one WRITE instead of eight, each a round trip
-// through the daemon: publishing 1 MiB messages went about 1.4 times as
-// fast (docs/performance.md). go-fuse's request buffers are this size,
+// through the daemon, which makes publishing big messages markedly faster
+// (docs/performance-history.md, "Big messages"). go-fuse's request buffers are this size,
 // one per request being read or served (GOMAXPROCS readers waiting, at
 // least 2); their pages are resident only once a big request used them,
 // and a WRITE's bytes go to the draft as before, so a client holds no
@@ -26,10 +26,8 @@ const maxWrite = 1 << 20
 
 // Under a memory budget of less than smallBudget (a small device: the
 // budget is 3/4 of the cgroup's limit by default), WRITEs and READs are
-// 128 KiB at most. The 1 MiB buffers cost RSS that a backlog needs: in a
-// 64 MiB cgroup (budget 48 MiB) publishing 100,000 messages peaked at
-// 44.2 MiB with 1 MiB (440-500 publishes refused at the budget's 90%) and
-// at 38.9 MiB with 128 KiB (none refused); a 1 MiB message then takes
+// 128 KiB at most. The 1 MiB buffers cost RSS that a backlog needs (what
+// it gives: docs/performance.md, "Memory"); a 1 MiB message then takes
 // eight WRITEs.
 const (
 	smallBudget   = 128 << 20

@@ -12,16 +12,16 @@ import (
 )
 
 // FUSE tells a request's thread id; the commit point and
-// user.yirangmq.consumer need its process. /proc says, at a price: reading
-// /proc/TID/status costs about 35 µs here and /proc/TID/comm 15 µs, as
-// much as a FUSE request, and a lease or a publish would pay it every time.
+// user.yirangmq.consumer need its process. /proc says, at a price: a read
+// of /proc/TID/status or /proc/TID/comm costs about as much as a FUSE
+// request (docs/performance-history.md), and a lease or a publish would
+// pay it every time.
 // So these helpers ask /proc as little as they can.
 
 // sameProcess reports whether two threads belong to one process (thread
 // group). A close on the thread that created the file costs nothing;
 // otherwise one path lookup answers: /proc/A/task/B exists only while B is
-// a thread of A's thread group (the kernel checks exactly that), about
-// 4 µs. A thread that has exited belongs to no group it can be proven to
+// a thread of A's thread group (the kernel checks exactly that). A thread that has exited belongs to no group it can be proven to
 // share, as before: the commit then waits for RELEASE.
 func sameProcess(tid, other uint32) bool {
 	return tid == other || tid != 0 && other != 0 && unix.Access(taskPath(other, tid), unix.F_OK) == nil

@@ -5,7 +5,7 @@ package queuecore_test
 // (against a goqite-style SQLite queue measured in the same run),
 // concurrent publishers with group commit against one fsync per message,
 // and how leasing, stats and memory scale with the size of the inbox.
-// docs/performance.md has the figures, the commands and what they mean.
+// docs/performance-history.md has the figures, the commands and what they mean.
 //
 //	go test -run '^$' -bench . -benchtime 2s ./queuecore/
 //	YIRANGMQ_BENCH_1M=1 go test -run '^$' -bench Scale -benchtime 20000x -timeout 60m ./queuecore/

@@ -172,8 +172,8 @@ func (sp *space) measure() (int64, error) {
 }
 
 // admitFresh is how long a measure serves publishes far from the floor
-// (twice the floor and more): a statfs(2) costs 20–30 µs on the target
-// machine, some 5% of a publish through the mount, so those go by the last
+// (twice the floor and more): a statfs(2) per publish would cost a few
+// percent of a publish through the mount, so those go by the last
 // measure less what was admitted since. Near the floor every publish
 // measures. A disk filled at once from outside is thus seen within
 // admitFresh; meanwhile the store itself still fails a commit that does

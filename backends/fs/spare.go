@@ -19,7 +19,7 @@ import (
 // Spare files: empty files created ahead of need in DIR/spare, which a
 // publish fills and renames into place instead of creating a file of its
 // own. This carries no guarantee: it earns its place by speed (the A/B
-// of docs/performance.md, "Spare files made ahead").
+// of docs/performance-history.md, "Spare files made ahead").
 //
 // Every message's body is a new file, so every publish allocates an inode
 // and every ack frees one. On ext4 without a journal (common on devices,
@@ -29,7 +29,7 @@ import (
 // one by one, before it takes a fresh one (ext4's find_inode_bit and
 // recently_deleted). After a few thousand messages a second that scan
 // costs a create much of a publish's CPU, which a publish at close(2)
-// waited for (docs/performance.md has the figures). A goroutine now pays
+// waited for (docs/performance-history.md has the figures). A goroutine now pays
 // it ahead, on another CPU or while the daemon
 // waits for work, and keeps spareCount open files ready; a publish takes
 // one, or creates its file as before when none is left (a burst). The CPU

@@ -32,7 +32,7 @@ const (
 	// begins after another connection's commit (SQLite's WAL readers do),
 	// which under load is every read: a big cache then buys nothing and
 	// its drop costs a walk of the cache's hash table (a profile of leases
-	// by 4 clients showed it: docs/performance.md).
+	// by 4 clients showed it: docs/performance-history.md).
 	readerCacheKiB = 256
 	maxReaders     = 8
 	// A checkpoint copies the WAL into the database file; SQLite runs it

@@ -16,10 +16,10 @@ import (
 //
 // The runtime collects at least every two minutes, even when nothing
 // allocates. On an idle daemon each such collection wakes its threads,
-// and the runtime's monitor then polls every 20 µs for a millisecond:
-// 20 to 80 context switches per collection, measured on an idle daemon
-// (docs/performance.md). A 60 s window saw 0.03 or up to 1.3 wakeups a
-// second, by whether such a collection fell in it.
+// and the runtime's monitor then polls for a while: tens of context
+// switches per collection (docs/performance-history.md, "An idle daemon's
+// wake-ups"), so that a minute's wake-ups of an idle daemon depended on
+// whether such a collection fell in it.
 //
 // A collection that comes at least idleGap after the one before is taken
 // for that periodic one: the daemon is idle, or allocates too little for
@@ -37,9 +37,10 @@ import (
 // The same idle collection gives back what the work left behind, before
 // the limit is set from what the runtime then holds: release (the store's
 // caches, and what the C allocator keeps of them), then the free pages of
-// the Go heap (debug.FreeOSMemory). After a burst of work an idle daemon
-// kept 5 to 12 MiB more than after its mount, for as long as it stayed
-// idle (docs/performance.md). It costs no wake-up of its own: it rides on
+// the Go heap (debug.FreeOSMemory). Without it, an idle daemon kept
+// several MiB more after a burst of work than after its mount, for as
+// long as it stayed idle (docs/performance-history.md, "Memory an idle
+// daemon keeps after its work"). It costs no wake-up of its own: it rides on
 // the periodic collection, so it comes up to two minutes after the work.
 type quietGC struct {
 	idleGap time.Duration

@@ -5,7 +5,7 @@
 // close), with several clients at once. Every byte read back is checked.
 //
 // By default it runs a short round (a few messages per store) as a test
-// of the data path; the measurement of docs/performance.md is
+// of the data path; the measurement of docs/performance-history.md is
 //
 //	go test -count=1 -run TestBigMessages -v ./testenv/bigmsg -args -n 64 -rounds 3
 package bigmsg

@@ -59,7 +59,7 @@ const zeroChunk = 1 << 20
 // written over the zeros left and extends the file. Zeroing ahead of it
 // would write its bytes twice (zeros, then the record, often both before
 // the fdatasync), which costs far more than the fdatasync's update of the
-// file's size (docs/performance.md, 1 MiB messages).
+// file's size (docs/performance-history.md, 1 MiB messages).
 const bigRecord = zeroChunk / 4
 
 // reserve makes sure n more bytes of records fall on allocated zeros, or,
