@@ -29,7 +29,7 @@ const loopbackFSName = "yirangmq-bench-loopback"
 func buildLoopback(ctx context.Context, root, dir string) (string, error) {
 	bin := filepath.Join(dir, "loopbackd")
 	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./loopbackd")
-	cmd.Dir = filepath.Join(root, "testenv", "mountbench")
+	cmd.Dir = filepath.Join(root, "bench")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build loopbackd: %v\n%s", err, out)
 	}
