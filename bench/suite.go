@@ -71,6 +71,7 @@ type suiteConfig struct {
 
 	cacheTimeout          time.Duration
 	outDir, bin, workBase string
+	jsonOut               string // --json: this run's JSON, partial or not, also here
 	// transports are --transports; transportsSet whether it was given
 	// (else both when the build and the kernel offer io_uring).
 	transports    []string
@@ -164,6 +165,7 @@ func suiteMain(args []string) int {
 	fl.DurationVar(&cfg.latencyLength, "latency", cfg.latencyLength, "length of the paced load per store and transport of the latency step, all rounds together (0: skip)")
 	fl.StringSliceVar(&cfg.transports, "transports", []string{transportClassic, transportUring}, "the daemon's transports to measure (classic, uring); default: both when the build has --transport and the kernel offers io_uring ("+uringParam+" is Y), else classic; a build without --transport is started without it")
 	fl.StringVar(&cfg.outDir, "out-dir", cfg.outDir, "where to write bench-STAMP.{json,png} and bench-latest.{json,png}")
+	fl.StringVar(&cfg.jsonOut, "json", "", "also write this run's JSON to FILE, a partial run's (--only) too (never bench-latest.json: the next run's comparison takes whole runs only)")
 	fl.StringVar(&cfg.bin, "bin", "", "yirangmq binary (default: build ./cmd/yirangmq of this checkout)")
 	fl.StringVar(&cfg.workBase, "workdir", cfg.workBase, "where to make the working directory (same disk as the stores; not under $TMPDIR, whose mounts tests may sweep)")
 	fl.BoolVar(&cfg.keep, "keep", false, "keep the working directory (daemon logs, stores)")
@@ -376,9 +378,15 @@ func (s *suite) run(ctx context.Context) error {
 			fmt.Println("- " + n)
 		}
 	}
+	if s.cfg.jsonOut != "" {
+		if err := s.res.writeJSON(s.cfg.jsonOut); err != nil {
+			return err
+		}
+		s.logf("wrote %s", s.cfg.jsonOut)
+	}
 	if len(s.cfg.only) > 0 {
 		// A partial run's goals would stand for the whole run's next
-		// to the next full run: it writes nothing.
+		// to the next full run: it writes nothing there.
 		s.logf("--only %s: nothing written to %s", strings.Join(s.cfg.only, ","), out)
 		return nil
 	}

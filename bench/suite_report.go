@@ -14,6 +14,7 @@ import (
 func (r *suiteResults) report(w io.Writer) {
 	fmt.Fprintf(w, "\n# yirangmq benchmark suite (%s mode, %d-byte messages; %s; kernel %s, %d CPUs; %s)\n",
 		r.Mode, r.MessageBytes, r.Filesystem, r.Kernel, r.CPUs, r.Started)
+	fmt.Fprintf(w, "\nThe daemon's transports: %s; %d rounds in the steps whose systems take turns.\n", strings.Join(r.transportList(), ", "), r.Rounds)
 
 	fmt.Fprintln(w, "\n## Throughput, messages per second")
 	fmt.Fprintln(w, "\n| system | clients | publish | lease | ack | round trip | round trip p50 µs | CPU s per 10k round trips |")
@@ -371,17 +372,34 @@ func reportMain(args []string) int {
 	return 0
 }
 
+// marshal is the run's JSON, indented.
+func (r *suiteResults) marshal() ([]byte, error) {
+	data, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(data, '\n'), nil
+}
+
+// writeJSON writes the run's JSON to path.
+func (r *suiteResults) writeJSON(path string) error {
+	data, err := r.marshal()
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, data, 0o644)
+}
+
 // writeFiles writes the JSON and the chart: bench-STAMP.{json,png} and
 // bench-latest.{json,png} in dir. It returns the paths written.
 func (r *suiteResults) writeFiles(dir, stamp string) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	data, err := json.MarshalIndent(r, "", "  ")
+	data, err := r.marshal()
 	if err != nil {
 		return nil, err
 	}
-	data = append(data, '\n')
 	png, err := r.chartPNG()
 	if err != nil {
 		return nil, fmt.Errorf("chart: %w", err)
