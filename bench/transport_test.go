@@ -174,14 +174,14 @@ func TestDaemonCounters(t *testing.T) {
 	if run0 <= 0 {
 		t.Skip("the kernel keeps no /proc/PID/task/*/schedstat")
 	}
-	// Spin until utime+stime says 30 ms more, then sleep a few times
+	// Spin until utime+stime says 60 ms more, then sleep a few times
 	// (each a voluntary switch of this thread).
 	cpu0, err := procCPU(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for {
-		if cpu, _ := procCPU(pid); cpu-cpu0 >= 30*time.Millisecond {
+		if cpu, _ := procCPU(pid); cpu-cpu0 >= 60*time.Millisecond {
 			break
 		}
 	}
@@ -189,10 +189,11 @@ func TestDaemonCounters(t *testing.T) {
 		unix.Nanosleep(&unix.Timespec{Nsec: 1e6}, nil)
 	}
 	run1, sw1 := procRunTime(pid), procSwitches(pid)
-	// utime+stime moved by 30 ms at least (ticks: 20 ms at least of it
-	// really ran); the schedstat time must have seen as much.
-	if run1-run0 < 20*time.Millisecond {
-		t.Errorf("time on a CPU moved by %v while utime+stime moved by 30 ms", run1-run0)
+	// utime+stime are 10 ms ticks, scaled by the kernel to the run
+	// time it keeps in ns (cputime_adjust), so they agree only roughly:
+	// half of it at least.
+	if run1-run0 < 30*time.Millisecond {
+		t.Errorf("time on a CPU moved by %v while utime+stime moved by 60 ms", run1-run0)
 	}
 	if sw1-sw0 < 5 {
 		t.Errorf("context switches moved by %d over 5 sleeps", sw1-sw0)
