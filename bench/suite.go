@@ -11,9 +11,11 @@ package main
 //   - a plain directory of the same disk, with no fsync and as a careful
 //     Maildir writer does it (write, fsync, rename into place, fsync dir);
 //   - a go-fuse loopback mount of a plain directory (child process, the
-//     daemon's mount options): the price of FUSE itself;
+//     daemon's mount options): the price of FUSE itself; and the same
+//     loopback syncing at FLUSH, the like of a --sync full publish;
 //   - yirangmq through the mount, sqlite and fs stores, --sync normal and
-//     full (bin/yirangmq mount, as mountbench starts it);
+//     full, on each transport asked for (classic, io_uring; transport.go)
+//     (bin/yirangmq mount, as mountbench starts it);
 //   - queuecore in process on the sqlite store, normal and full;
 //   - a goqite-style SQLite queue in process (goqite.go);
 //   - POSIX message queues (testdata/mqbench.c), the in-kernel floor;
@@ -22,8 +24,9 @@ package main
 // directory and a blocked mq_receive), the lease-expiry redelivery, CPU
 // per 10,000 messages, RSS after mount, after many messages and with
 // many ready, and idle CPU and wakeups. Every figure is related to the
-// plain directory and to the FUSE request floor; the goals of the issue
-// are checked at the end. Results go to OUT-DIR/bench-STAMP.{json,png}
+// plain directory and to the FUSE request floor; the goals of the issues
+// are checked at the end, each ratio the median of rounds in which the
+// systems took turns (suite_interleaved.go). Results go to OUT-DIR/bench-STAMP.{json,png}
 // and OUT-DIR/bench-latest.{json,png}; docs/bench.md explains them.
 
 import (

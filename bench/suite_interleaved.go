@@ -125,7 +125,7 @@ func (s *suite) runInterleaved(ctx context.Context) error {
 	for _, sys := range systems {
 		names = append(names, sys.name)
 	}
-	s.note(fmt.Sprintf("goal ratios come from the interleaved step: %d rounds of %d messages per operation and client count; in each round the %d systems take turns (%s), in an order that rotates by one from round to round, each round on new directories, stores and daemons; a goal is the median of its rounds' ratios, and a system's ops/s in the table the median of its rounds'; the mounts at --sync full and the loopback that fdatasyncs at flush run the publish only", rounds, k, len(systems), strings.Join(names, ", ")))
+	s.note(fmt.Sprintf("goal ratios come from the interleaved step: %d rounds of %d messages per operation and client count; in each round the %d systems take turns (%s), in an order that rotates by one from round to round, each round on new directories, stores and daemons; a goal is the median of its rounds' ratios, and a system's ops/s in the table the median of its rounds'; the mounts at --sync full and the loopback that fdatasyncs at flush run the publish only", rounds, k, len(systems), strings.Join(names, "; ")))
 	return nil
 }
 

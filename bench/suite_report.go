@@ -216,7 +216,7 @@ func (r *suiteResults) reportCost(w io.Writer) {
 		byName[g.Name] = g
 	}
 	systems := r.costSystems()
-	fmt.Fprint(w, "\nReported, no target: the daemon's CPU time (utime+stime) and context switches (voluntary and not, all threads) per operation, from the interleaved step's rounds together")
+	fmt.Fprint(w, "\nReported, no target: the daemon's time on a CPU (all threads, /proc/PID/task/*/schedstat) and context switches (voluntary and not, all threads) per operation, from the interleaved step's rounds together")
 	if r.Previous != nil {
 		fmt.Fprint(w, " (in brackets: the previous run's)")
 	}
