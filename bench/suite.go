@@ -427,7 +427,7 @@ func (s *suite) finishNotes() {
 	s.note("ops/s: messages ÷ wall time of the phase, all clients together; p50/p99 per operation; round trip = publish, lease and ack of one message by one client, in a row")
 	s.note("through a mount and on the plain directory, each client count has a new directory (or store and daemon) in a block group of its own; publish, lease and ack run there one after the other (all messages each), then the round trips (so those create files where many were just deleted)")
 	s.note(fmt.Sprintf("mount phases: --cache-timeout %s, queue archive off, visibility timeout 1 h, after %d untimed publish+lease+ack", s.cfg.cacheTimeout, s.cfg.warmup))
-	s.note("CPU s per 10k: user+system CPU of the client (this process, or mqbench) plus the daemon (the yirangmq or loopback child), per 10,000 operations")
+	s.note("CPU s per 10k: user+system CPU of the client (this process, or mqbench; /proc/PID/stat) plus the daemon's time on a CPU (the yirangmq or loopback child; /proc/PID/task/*/schedstat), per 10,000 operations")
 	s.note("in process: queuecore lease = Core.Next (non-blocking), ack = Core.Ack; goqite-style lease = receive (UPDATE … RETURNING), ack = delete; POSIX mqueue has no ack (a received message is gone)")
 }
 

@@ -14,7 +14,9 @@ import (
 func (r *suiteResults) report(w io.Writer) {
 	fmt.Fprintf(w, "\n# yirangmq benchmark suite (%s mode, %d-byte messages; %s; kernel %s, %d CPUs; %s)\n",
 		r.Mode, r.MessageBytes, r.Filesystem, r.Kernel, r.CPUs, r.Started)
-	fmt.Fprintf(w, "\nThe daemon's transports: %s; %d rounds in the steps whose systems take turns.\n", strings.Join(r.transportList(), ", "), r.Rounds)
+	if r.Rounds > 0 { // a run from before issue 42 recorded neither
+		fmt.Fprintf(w, "\nThe daemon's transports: %s; %d rounds in the steps whose systems take turns.\n", strings.Join(r.transportList(), ", "), r.Rounds)
+	}
 
 	fmt.Fprintln(w, "\n## Throughput, messages per second")
 	fmt.Fprintln(w, "\n| system | clients | publish | lease | ack | round trip | round trip p50 µs | CPU s per 10k round trips |")
