@@ -82,6 +82,19 @@ const (
 	trimBatch        = 128
 )
 
+// floorHeadroom is how far above the floor free space must be again to
+// end a low: a quarter of the floor. A low that ended at the floor itself
+// would refuse the next publish again (a publisher flapping between OK and
+// ENOSPC, and the archive trim stopping at the floor so that it goes on
+// flapping while the archive could still give way).
+func floorHeadroom(floor int64) int64 { return floor / 4 }
+
+// lowUntil is the free space that ends a low: the floor, its headroom and
+// the publish that was refused.
+func (sp *space) lowUntil(floor int64) int64 {
+	return floor + floorHeadroom(floor) + sp.refusedSize.Load()
+}
+
 // DefaultMinFree is the floor for a filesystem of total bytes.
 func DefaultMinFree(total int64) int64 {
 	f := min(max(total/10, minFreeFloorLow), minFreeFloorHigh)
@@ -96,8 +109,9 @@ type DiskStats struct {
 	TotalBytes   int64  `json:"total_bytes"`
 	MinFreeBytes int64  `json:"min_free_bytes"`
 	ReserveBytes int64  `json:"reserve_bytes"` // held in space.reserve now
-	// Low is true while free space is under the floor: publishes are
-	// refused with ENOSPC.
+	// Low is true from when free space goes under the floor until it is a
+	// quarter of the floor above it again: publishes are refused with
+	// ENOSPC.
 	Low                   bool  `json:"low"`
 	PublishesRefusedTotal int64 `json:"publishes_refused_total"`
 	ArchiveTrimmedTotal   int64 `json:"archive_trimmed_total"`
@@ -194,11 +208,13 @@ func (sp *space) admit(n int64) error {
 	if err != nil {
 		return nil // no measure, no refusal: the store itself will tell
 	}
-	if free-n < floor {
+	if free-n < floor || sp.low.Load() && free < sp.lowUntil(floor) {
 		sp.refused.Add(1)
-		sp.refusedSize.Store(n)
+		if !sp.low.Load() || n > sp.refusedSize.Load() {
+			sp.refusedSize.Store(n) // a create refused while low (n = 0) keeps the size a commit was refused for
+		}
 		sp.setLow(true, free, floor)
-		return fmt.Errorf("%w: %d bytes free, floor %d", ErrDiskLow, free, floor)
+		return fmt.Errorf("%w: %d bytes free, floor %d, publishes accepted again from %d free", ErrDiskLow, free, floor, sp.lowUntil(floor))
 	}
 	// Accepted (again): the stats and the log say so from this publish
 	// on, not from the next tick.
@@ -315,11 +331,11 @@ func (sp *space) tick() {
 	}
 	floor := sp.floor()
 	pressure := sp.pressure.Swap(false)
-	// Under the floor, or still without room for the publish that was
-	// refused: a store that gives nothing back by itself (the fs store)
-	// would otherwise sit at the floor, refusing every publish while the
-	// archive it could trim stays whole.
-	below := floor > 0 && (free < floor || sp.low.Load() && free-sp.refusedSize.Load() < floor)
+	// Under the floor, or low and not yet back above its headroom with room
+	// for the publish that was refused: a store that gives nothing back by
+	// itself (the fs store) would otherwise sit at the floor, refusing
+	// every publish while the archive it could trim stays whole.
+	below := floor > 0 && (free < floor || sp.low.Load() && free < sp.lowUntil(floor))
 	if !below && !pressure {
 		sp.setLow(false, free, floor)
 		sp.keepReserve(free, floor)

@@ -120,6 +120,20 @@ func TestFloorRefusesPublishesOnly(t *testing.T) {
 				t.Errorf("the reserve file was not given back under half the floor (%v, %+v)", err, d.Disk)
 			}
 
+			// Above the floor but under its headroom (a quarter of the
+			// floor): still low, so publishing does not flap at the floor.
+			free.Store(4<<20 + 512<<10)
+			if err := pub("headroom"); !errors.Is(err, queuecore.ErrDiskLow) {
+				t.Fatalf("publish above the floor, under its headroom, while low: %v, want ErrDiskLow", err)
+			}
+			if d, _ = core.DaemonStats(ctx); !d.Disk.Low {
+				t.Errorf("above the floor, under its headroom: disk %+v, want still low", d.Disk)
+			}
+			free.Store(4<<20 + 1<<20 + 64<<10) // past the headroom and the refused publish
+			if err := pub("past-headroom"); err != nil {
+				t.Fatalf("publish past the floor's headroom: %v", err)
+			}
+
 			free.Store(100 << 20) // space is back
 			if err := pub("back"); err != nil {
 				t.Fatalf("publish once space is back: %v", err)
