@@ -202,33 +202,33 @@ func (s *Store) writeBody(p string, body []byte, fs []field) (err error) {
 // dropped (the caller's own file will fail the same way); for another
 // reason it also turns the pool off.
 func (s *Store) writeSpare(body []byte, fs []field) (string, bool) {
-	f, ok := s.spares.take()
+	f, ok := s.spares.Take()
 	if !ok {
 		return "", false
 	}
-	err := writeAll(f.fd, body)
+	err := writeAll(f.FD, body)
 	for _, fl := range fs {
 		if err != nil {
 			break
 		}
-		err = unix.Fsetxattr(f.fd, xattrPrefix+fl.key, []byte(fl.val), 0)
+		err = unix.Fsetxattr(f.FD, xattrPrefix+fl.key, []byte(fl.val), 0)
 	}
 	if err == nil && s.durable {
 		if s.cfg.fsync != nil {
-			err = s.cfg.fsync(os.NewFile(uintptr(f.fd), f.path))
+			err = s.cfg.fsync(os.NewFile(uintptr(f.FD), f.Path))
 		} else {
-			err = unix.Fsync(f.fd)
+			err = unix.Fsync(f.FD)
 		}
 	}
 	if err != nil {
-		s.spares.discard(f)
+		s.spares.Discard(f)
 		if !errors.Is(err, unix.ENOSPC) && !errors.Is(err, unix.EDQUOT) {
-			s.spares.failed(err)
+			s.spares.Failed(err)
 		}
 		return "", false
 	}
-	unix.Close(f.fd)
-	return f.path, true
+	unix.Close(f.FD)
+	return f.Path, true
 }
 
 func writeAll(fd int, b []byte) error {

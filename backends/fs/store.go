@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"yirangmq/backends"
+	"yirangmq/backends/fs/internal/spare"
 	"yirangmq/queuecore"
 )
 
@@ -59,7 +60,7 @@ type Tuning struct {
 	// insert past it fails with queuecore.ErrStoreFull (EDQUOT through the
 	// mount). 0: DefaultMaxMessages.
 	MaxMessages int
-	// Spares is the number of empty body files kept ready (spare.go):
+	// Spares is the number of empty body files kept ready (package spare):
 	// 0: the default (16), negative: none (for measuring what they give).
 	Spares int
 }
@@ -67,7 +68,7 @@ type Tuning struct {
 // config holds what tests tune besides Tuning.
 type config struct {
 	maxMessages int
-	spares      int                    // spare files kept ready: 0: spareCount, <0: none
+	spares      int                    // spare files kept ready: 0: spare.Count, <0: none
 	fsync       func(f *os.File) error // nil: f.Sync; tests make it fail
 }
 
@@ -107,7 +108,7 @@ type Store struct {
 	// onFUSE: the store's file system is a FUSE one, which syncfs(2)
 	// does not reach: a flush fsyncs each file and directory.
 	onFUSE bool
-	spares *spares // empty files made ahead for new bodies (spare.go); nil: none
+	spares *spare.Pool // empty files made ahead for new bodies; nil: none
 	full   limitLog
 
 	inflight sync.WaitGroup // commits that have not returned
@@ -180,9 +181,9 @@ func open(ctx context.Context, dir string, opts backends.Options, cfg config) (*
 	}
 	n := cfg.spares
 	if n == 0 {
-		n = spareCount
+		n = spare.Count
 	}
-	if s.spares, err = startSpares(dir, n, s.log); err != nil {
+	if s.spares, err = spare.Start(dir, n, s.log); err != nil {
 		// Publishes create their own files, as without the pool.
 		s.log.Warn("no spare body files", queuecore.LogErr, err)
 	}
@@ -201,7 +202,7 @@ func (s *Store) Close() error {
 	s.mu.Unlock()
 	s.inflight.Wait()
 	s.fl.stopTimer()
-	s.spares.close()
+	s.spares.Close()
 
 	var errs []error
 	if err := s.flushAll(); err != nil {

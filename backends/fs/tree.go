@@ -18,7 +18,7 @@ func (s *Store) insertLocked(e *entry, temp string, replace bool, d *opDirt) err
 	to := s.entryPath(e)
 	if err := renameTo(temp, to, replace); err != nil {
 		if errors.Is(err, unix.EXDEV) {
-			s.spares.failed(err)
+			s.spares.Failed(err)
 			return fmt.Errorf("insert message %d: %w: %w", e.id, errReplan, err)
 		}
 		return fmt.Errorf("insert message %d: %w", e.id, err)

@@ -34,7 +34,7 @@
 //	                              link to the body file until a snapshot holds
 //	                              that record
 //	DIR/spare/K/N                 empty files made ahead, which new body files
-//	                              are written into and renamed from (spare.go),
+//	                              are written into and renamed from (package spare),
 //	                              spread over 8 directories K, each named by a
 //	                              random number when made (DIR/spare is marked
 //	                              chattr +T where the file system knows it),

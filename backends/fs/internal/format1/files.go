@@ -273,30 +273,30 @@ func linkMkdir(from, to string) error {
 func (s *Store) writeBody(path string, id uint64, body []byte) error {
 	s.dirty.file(path)
 	s.dirty.wrote(id)
-	if sp, ok := s.spares.take(); ok {
+	if sp, ok := s.spares.Take(); ok {
 		// The rename's old name goes with the next checkpoint's sync
 		// of spare/K, so that no power cut after it leaves a second,
 		// uncounted name of the body there (on a disk without a
 		// journal the two directories are written back in any order).
-		s.dirty.dir(sp.dir)
-		err := s.writeWithID(sp.fd, id, body)
-		if cerr := unix.Close(sp.fd); err == nil {
+		s.dirty.dir(sp.Dir)
+		err := s.writeWithID(sp.FD, id, body)
+		if cerr := unix.Close(sp.FD); err == nil {
 			err = cerr
 		}
 		if err == nil {
-			err = renameMkdir(sp.path, path)
+			err = renameMkdir(sp.Path, path)
 		}
 		if err == nil {
 			return nil
 		}
-		unix.Unlink(sp.path)
+		unix.Unlink(sp.Path)
 		if isNoSpace(err) {
 			return fmt.Errorf("write body of message %d: %w", id, &os.PathError{Op: "write", Path: path, Err: err})
 		}
 		// Anything else (a spare removed by hand, a rename refused
 		// between the two directories) is the pool's problem, not the
 		// message's: create the file in place, as without a pool.
-		s.spares.failed(err)
+		s.spares.Failed(err)
 	}
 	dir := filepath.Dir(path)
 	tmp := dir + "/" + tempPrefix + "w" + strconv.FormatUint(id, 10)

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"yirangmq/backends"
+	"yirangmq/backends/fs/internal/spare"
 	"yirangmq/queuecore"
 )
 
@@ -70,7 +71,7 @@ type config struct {
 	spillTrimAt     int                // 0: defaultSpillTrimAt; tests make it small
 	beforeFileOps   func()             // nil: nothing; tests hold a commit between its sync and its file operations
 	stageAt         int                // bodies of this size or more are staged (staged.go); 0 or less: none
-	spares          int                // spare files kept ready (spare.go); 0: spareCount, <0: none
+	spares          int                // spare files kept ready (package spare); 0: spare.Count, <0: none
 	noLock          bool               // the caller holds the store's lock (Export)
 }
 
@@ -128,7 +129,7 @@ type Store struct {
 	// staged names wait for a snapshot that holds their record (staged.go).
 	placed []placedBody
 
-	spares  *spares        // empty files for new bodies (spare.go); nil: none
+	spares  *spare.Pool    // empty files for new bodies; nil: none
 	bg      sync.WaitGroup // background checkpoint
 	trashWG sync.WaitGroup // removal of deleted queues' trees
 	noXattr atomic.Bool    // the file system refused user xattrs
@@ -224,9 +225,9 @@ func open(ctx context.Context, dir string, opts backends.Options, cfg config) (*
 		return nil, fmt.Errorf("open fs store %s: %w", dir, err)
 	}
 	s.dirty.opened(s.ix.maxID)
-	n := cmp.Or(cfg.spares, spareCount)
+	n := cmp.Or(cfg.spares, spare.Count)
 	var err error
-	if s.spares, err = startSpares(dir, n, s.log); err != nil {
+	if s.spares, err = spare.Start(dir, n, s.log); err != nil {
 		// Publishes create their own files, as without the pool.
 		s.log.Warn("no spare body files", logErr, err)
 	}
@@ -273,7 +274,7 @@ func (s *Store) Close() error {
 		held.img.release()
 	}
 	s.trashWG.Wait()
-	s.spares.close() // after the checkpoint, whose file operations may take one
+	s.spares.Close() // after the checkpoint, whose file operations may take one
 	if j := s.cur.Load(); j != nil {
 		if err := j.f.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("close journal: %w", err))
