@@ -116,10 +116,6 @@ func (e *entry) message() queuecore.Message {
 	return m
 }
 
-// deadline is the Deadline of a leased or delayed entry without unpacking
-// the rest.
-func (e *entry) deadline() time.Time { return e.message().Deadline }
-
 type packedReader struct {
 	s   string
 	err error

@@ -49,34 +49,6 @@ type pendingBody struct {
 	data []byte
 }
 
-// fileOpsFor derives the file operations of a committed batch and notes,
-// under mu, which messages have some pending.
-func (s *Store) fileOpsFor(changes []change, ops []queuecore.Op, frame []byte, bodyAt []int, staged []*stagedBody) []fileOp {
-	var out []fileOp
-	for i, c := range changes {
-		var op fileOp
-		switch {
-		case c.old == nil && staged != nil && staged[i] != nil:
-			op = fileOp{kind: opPlace, id: c.new.id, from: s.stagedPath(c.new.id), to: s.entryPath(c.new)}
-		case c.old == nil:
-			n := len(ops[i].Body)
-			pb := &pendingBody{data: frame[bodyAt[i] : bodyAt[i]+n : bodyAt[i]+n]}
-			s.unwritten[c.new.id] = pb
-			op = fileOp{kind: opWrite, id: c.new.id, to: s.entryPath(c.new), body: pb}
-		case c.new == nil:
-			op = fileOp{kind: opRemove, id: c.old.id, from: s.entryPath(c.old)}
-		default:
-			if c.old.q == c.new.q && c.old.state == c.new.state && c.old.name() == c.new.name() {
-				continue // metadata only
-			}
-			op = fileOp{kind: opRename, id: c.new.id, from: s.entryPath(c.old), to: s.entryPath(c.new)}
-		}
-		s.busy[op.id]++
-		out = append(out, op)
-	}
-	return out
-}
-
 // isMessageOp reports whether op.id is a message's ID (opRmQueue's is an lsn).
 func isMessageOp(k fileOpKind) bool {
 	return k == opWrite || k == opRename || k == opRemove || k == opPlace
@@ -86,7 +58,7 @@ func isMessageOp(k fileOpKind) bool {
 // journal order, unless someone else already did them up to pos. A failed
 // operation fails the store; the operations after it stay undone (the
 // journal still has them for the next Open). One that failed for lack of
-// space stalls them instead: they are tried again later (Reclaim).
+// space stalls them instead: they are tried again later (Close's checkpoint).
 //
 // It stays whole: frozen format-1 code (see the package comment).
 func (s *Store) runFileOps(pos int64) {
@@ -151,8 +123,8 @@ func (s *Store) runFileOps(pos int64) {
 	switch {
 	case stalled != nil:
 		// The disk is full: not a failure. The journal holds the bodies
-		// and the index is right; the operations wait, in order, for the
-		// next commit or Reclaim to retry them once there is room.
+		// and the index is right; the operations wait, in order, for
+		// Close's checkpoint to retry them.
 		s.pending = append(stalled, s.pending...)
 		if !s.stalled {
 			s.stalled = true

@@ -232,18 +232,6 @@ func (ix *index) moveToSpill(q *queue, es []*entry) {
 	}
 }
 
-// trimSpills trims the spills that the changes of a batch took records
-// from, where a trim is due (spill.trim). Called once the batch is applied
-// and its file operations made, when no entry of it will be used again:
-// a trim numbers the records of a spill anew.
-func (ix *index) trimSpills(changes []change) {
-	for _, c := range changes {
-		if c.old != nil && c.old.slot > 0 {
-			ix.trimSpill(c.old.q)
-		}
-	}
-}
-
 // trimAll trims every spill where a trim is due: after a checkpoint let
 // go of its views, which may have put off trims (spill.trimmable).
 func (ix *index) trimAll() {

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -20,8 +19,6 @@ import (
 	"yirangmq/backends/fs/internal/spare"
 	"yirangmq/queuecore"
 )
-
-var _ queuecore.Store = (*Store)(nil)
 
 // Names inside the store directory.
 const (
@@ -69,7 +66,6 @@ type config struct {
 	fdatasync       func(fd int) error // nil: unix.Fdatasync; tests make it fail
 	maxDirtyMoves   int                // 0: maxDirtyMoves; tests make it small
 	spillTrimAt     int                // 0: defaultSpillTrimAt; tests make it small
-	beforeFileOps   func()             // nil: nothing; tests hold a commit between its sync and its file operations
 	stageAt         int                // bodies of this size or more are staged (staged.go); 0 or less: none
 	spares          int                // spare files kept ready (package spare); 0: spare.Count, <0: none
 	noLock          bool               // the caller holds the store's lock (Export)
@@ -106,11 +102,9 @@ type Store struct {
 	ckptAt      int64 // sinceCkpt that triggers a checkpoint
 	ckptRunning bool
 	inflight    sync.WaitGroup // commits that have not returned
-	lazyArmed   bool           // lazyTimer runs (commitLazyLocked); under mu
-	lazyTimer   *time.Timer
 	// stalled is set while file operations wait for space (runFileOps);
 	// held is a checkpoint that rotated the journal but could not finish
-	// for lack of space: Reclaim finishes it (space.go).
+	// for lack of space: Close tries to finish it.
 	stalled bool
 	held    *heldCheckpoint
 
@@ -137,47 +131,6 @@ type Store struct {
 	// is synced (syncStagedLocked).
 	stagedDirty atomic.Bool
 	dirty       dirtySet // files and directories to fsync at the next checkpoint
-}
-
-// Open opens (creating if needed) the store in dir, taking its lock, and
-// recovers it: snapshot, journal replay, reconciliation of the tree.
-func Open(ctx context.Context, dir string, opts backends.Options) (*Store, error) {
-	return open(ctx, dir, opts, config{checkpointBytes: defaultCheckpointBytes, stageAt: defaultStageAt})
-}
-
-// Tuning holds the fs store's own settings.
-type Tuning struct {
-	// SpillAt is the number of ready messages a queue keeps in memory
-	// before newer ones go to its spill file (0: DefaultSpillAt; negative:
-	// never spill, every message stays in memory).
-	SpillAt int
-	// CheckpointBytes is the least journal size that starts a checkpoint
-	// (0: 16 MiB; a larger snapshot raises it). Tests make it small, so
-	// that journal rotations and checkpoints run under their load.
-	CheckpointBytes int64
-	// StageAt is the body size from which, in SyncFull and SyncStrict, a
-	// body is written to a file of its own and synced before its commit
-	// instead of going through the journal (0: DefaultStageAt; negative:
-	// never, every body goes through the journal).
-	StageAt int
-}
-
-// DefaultStageAt is Tuning.StageAt's default.
-const DefaultStageAt = defaultStageAt
-
-// DefaultSpillAt is Tuning.SpillAt's default.
-const DefaultSpillAt = defaultSpillAt
-
-// OpenTuned is Open with Tuning.
-func OpenTuned(ctx context.Context, dir string, opts backends.Options, t Tuning) (*Store, error) {
-	cfg := config{checkpointBytes: t.CheckpointBytes, spillAt: t.SpillAt, stageAt: t.StageAt}
-	if cfg.stageAt == 0 {
-		cfg.stageAt = defaultStageAt
-	}
-	if cfg.checkpointBytes <= 0 {
-		cfg.checkpointBytes = defaultCheckpointBytes
-	}
-	return open(ctx, dir, opts, cfg)
 }
 
 func open(ctx context.Context, dir string, opts backends.Options, cfg config) (*Store, error) {
@@ -286,17 +239,6 @@ func (s *Store) Close() error {
 	return errors.Join(errs...)
 }
 
-// writableLocked says whether the store takes changes.
-func (s *Store) writableLocked() error {
-	if s.closed {
-		return fmt.Errorf("fs store %s: %w", s.dir, queuecore.ErrClosed)
-	}
-	if s.failErr != nil {
-		return fmt.Errorf("fs store %s failed earlier: %w", s.dir, s.failErr)
-	}
-	return nil
-}
-
 // failLocked puts the store in the failed state: it refuses every later
 // change, since what is on disk is no longer known (a failed fsync may
 // have dropped pages). The next Open repairs from the journal.
@@ -327,22 +269,6 @@ func (s *Store) Queues(ctx context.Context) ([]queuecore.QueueInfo, error) {
 		out[i].Policy = bytes.Clone(q.info.Policy)
 	}
 	return out, nil
-}
-
-// Lookup finds a queue's live or archived message by name.
-func (s *Store) Lookup(ctx context.Context, queue, name string, archived bool) (queuecore.Message, error) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	if q := s.ix.queues[queue]; q != nil {
-		e, err := q.named(name, archived)
-		if err != nil {
-			return queuecore.Message{}, fmt.Errorf("message %q in queue %q: %w", name, queue, err)
-		}
-		if e != nil {
-			return e.message(), nil
-		}
-	}
-	return queuecore.Message{}, fmt.Errorf("message %q in queue %q: %w", name, queue, queuecore.ErrNotFound)
 }
 
 // smallList is the size up to which List copies a tree's entries under the
@@ -393,154 +319,11 @@ func (s *Store) List(ctx context.Context, queue string, state queuecore.State, f
 	return nil
 }
 
-// Due returns up to limit leased or delayed messages due at t, earliest
-// first.
-func (s *Store) Due(ctx context.Context, t time.Time, limit int) ([]queuecore.Message, error) {
-	limit = max(limit, 0)
-	until := toNanos(t)
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	var out []queuecore.Message
-	s.ix.due.Ascend(func(e *entry) bool {
-		if len(out) >= limit || e.key > until {
-			return false
-		}
-		out = append(out, e.message())
-		return true
-	})
-	return out, nil
-}
-
-// NextDue is the earliest deadline of a leased or delayed message.
-func (s *Store) NextDue(ctx context.Context) (time.Time, bool, error) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	e, ok := s.ix.due.Min()
-	if !ok {
-		return time.Time{}, false, nil
-	}
-	return e.deadline(), true, nil
-}
-
-// Counts returns the number and bytes of messages per queue and state;
-// every queue is present, states without messages are left out.
-func (s *Store) Counts(ctx context.Context) (map[string]map[queuecore.State]queuecore.Count, error) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	out := make(map[string]map[queuecore.State]queuecore.Count, len(s.ix.queues))
-	for name, q := range s.ix.queues {
-		byState := map[queuecore.State]queuecore.Count{}
-		for _, st := range queuecore.States {
-			if c := q.counts[st]; c != (queuecore.Count{}) {
-				byState[st] = c
-			}
-		}
-		out[name] = byState
-	}
-	return out, nil
-}
-
 // MaxID is the largest ID or Seq the store has been given.
 func (s *Store) MaxID(ctx context.Context) (uint64, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return s.ix.maxID, nil
-}
-
-// Body returns the body of message id. A body whose file is not written
-// yet comes from memory; one whose file is about to move is read where it
-// is until the move is done (bodyEntry), so a body is never read from the
-// wrong file.
-func (s *Store) Body(ctx context.Context, id uint64) ([]byte, error) {
-	at, pb, err := s.bodyEntry(id)
-	if err != nil {
-		return nil, err
-	}
-	defer s.fileMu.RUnlock()
-	if pb != nil {
-		if pb.data == nil {
-			return []byte{}, nil
-		}
-		return bytes.Clone(pb.data), nil
-	}
-	b, err := os.ReadFile(at.path)
-	if err != nil {
-		return nil, fmt.Errorf("body of message %d: %w", id, err)
-	}
-	return b, nil
-}
-
-// bodyAt is where a message's body is: its file's path and size, the
-// message's at the time of the look-up.
-type bodyAt struct {
-	path string
-	size int64
-}
-
-// bodyEntry finds message id (spilled ones too) and where its body is, and
-// returns with s.fileMu held for reading (the caller releases it), so that
-// the file stays where it was found: pb is the body while its file is not
-// written yet, else the file is at at.path. A file that pending operations
-// are to move (a lease or an ack not synced yet, commitLazyLocked, or
-// operations held back by a full disk) is read where it is now
-// (pendingFrom): the reader neither forces a sync nor waits for space.
-func (s *Store) bodyEntry(id uint64) (bodyAt, *pendingBody, error) {
-	s.fileMu.RLock()
-	s.mu.RLock()
-	at, pb, err := s.findBodyLocked(id)
-	s.mu.RUnlock()
-	if err != nil {
-		s.fileMu.RUnlock()
-		return bodyAt{}, nil, fmt.Errorf("body of message %d: %w", id, err)
-	}
-	return at, pb, nil
-}
-
-// findBodyLocked is bodyEntry's look-up; s.fileMu and s.mu are held.
-func (s *Store) findBodyLocked(id uint64) (bodyAt, *pendingBody, error) {
-	e, err := s.ix.get(id)
-	if err == nil && e == nil {
-		err = queuecore.ErrNotFound
-	}
-	if err != nil {
-		return bodyAt{}, nil, err
-	}
-	if pb := s.unwritten[id]; pb != nil {
-		return bodyAt{}, pb, nil
-	}
-	if s.busy[id] == 0 {
-		return bodyAt{path: s.entryPath(e), size: e.size}, nil, nil
-	}
-	from, ok := s.pendingFrom(id)
-	if s.failErr != nil && !(ok && from == s.stagedPath(id)) {
-		// After a failure the file operations stop where they were; a
-		// staged body not placed yet is still where it was staged.
-		return bodyAt{}, nil, fmt.Errorf("the store failed: %w", s.failErr)
-	}
-	if !ok {
-		// Not written yet is s.unwritten, removed is gone from the index.
-		return bodyAt{}, nil, fmt.Errorf("its pending file operations do not start with a rename: %w", errBadOp)
-	}
-	return bodyAt{path: from, size: e.size}, nil, nil
-}
-
-// pendingFrom is where the body file of message id is while file
-// operations on it wait: the first of them moves it from there. The caller
-// holds s.fileMu (for reading at least) and s.mu, so the tree has none of
-// the pending operations done: they run in journal order under fileMu
-// held for writing, and runFileOps puts back those a full disk held back
-// before it lets go of fileMu. ok is false when the first is not a rename
-// (a body not written yet is in s.unwritten; a removed message is gone
-// from the index).
-func (s *Store) pendingFrom(id uint64) (from string, ok bool) {
-	for _, r := range s.pending {
-		for _, op := range r.ops {
-			if op.id == id && isMessageOp(op.kind) {
-				return op.from, op.kind == opRename || op.kind == opPlace
-			}
-		}
-	}
-	return "", false
 }
 
 // bodyPath is where the body of a message in queue q, state st, named name
