@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"yirangmq/backends"
+	"yirangmq/backends/fs/internal/memindex"
 	"yirangmq/backends/fs/internal/spare"
 	"yirangmq/queuecore"
 )
@@ -43,7 +44,8 @@ const (
 	tempPrefix = ".yirangmq.tmp."
 )
 
-var errBadOp = errors.New("invalid op")
+// errBadOp is the index's: one sentinel for a bad op, wherever found.
+var errBadOp = memindex.ErrBadOp
 
 // fuseSuperMagic is statfs(2)'s f_type of a FUSE file system.
 const fuseSuperMagic = 0x65735546
@@ -255,11 +257,11 @@ func (s *Store) failLocked(err error) {
 func (s *Store) Queues(ctx context.Context) ([]queuecore.QueueInfo, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	qs := s.ix.sortedQueues()
+	qs := s.ix.SortedQueues()
 	out := make([]queuecore.QueueInfo, len(qs))
 	for i, q := range qs {
-		out[i] = q.info
-		out[i].Policy = bytes.Clone(q.info.Policy)
+		out[i] = q.Info
+		out[i].Policy = bytes.Clone(q.Info.Policy)
 	}
 	return out, nil
 }
@@ -268,9 +270,9 @@ func (s *Store) Queues(ctx context.Context) ([]queuecore.QueueInfo, error) {
 func (s *Store) Lookup(ctx context.Context, queue, name string, archived bool) (queuecore.Message, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	if q := s.ix.queues[queue]; q != nil {
-		if e := q.named(name, archived); e != nil {
-			return e.message(), nil
+	if q := s.ix.Queues[queue]; q != nil {
+		if e := q.Named(name, archived); e != nil {
+			return e.Message(), nil
 		}
 	}
 	return queuecore.Message{}, fmt.Errorf("message %q in queue %q: %w", name, queue, queuecore.ErrNotFound)
@@ -287,12 +289,12 @@ func (s *Store) List(ctx context.Context, queue string, state queuecore.State, f
 		return fmt.Errorf("list: state %d: %w", state, errBadOp)
 	}
 	s.mu.RLock()
-	q := s.ix.queues[queue]
+	q := s.ix.Queues[queue]
 	if q == nil {
 		s.mu.RUnlock()
 		return fmt.Errorf("list queue %q: %w", queue, queuecore.ErrNotFound)
 	}
-	t := q.byState[state]
+	t := q.ByState[state]
 	if t.Len() <= smallList {
 		es := make([]*entry, 0, t.Len())
 		t.Ascend(func(e *entry) bool {
@@ -301,7 +303,7 @@ func (s *Store) List(ctx context.Context, queue string, state queuecore.State, f
 		})
 		s.mu.RUnlock()
 		for _, e := range es {
-			if !fn(e.message()) {
+			if !fn(e.Message()) {
 				break
 			}
 		}
@@ -309,14 +311,14 @@ func (s *Store) List(ctx context.Context, queue string, state queuecore.State, f
 	}
 	s.mu.RUnlock()
 	s.mu.Lock() // Clone writes to the tree it clones
-	q = s.ix.queues[queue]
+	q = s.ix.Queues[queue]
 	if q == nil {
 		s.mu.Unlock()
 		return fmt.Errorf("list queue %q: %w", queue, queuecore.ErrNotFound)
 	}
-	t = q.byState[state].Clone()
+	t = q.ByState[state].Clone()
 	s.mu.Unlock()
-	t.Ascend(func(e *entry) bool { return fn(e.message()) })
+	t.Ascend(func(e *entry) bool { return fn(e.Message()) })
 	return nil
 }
 
@@ -328,11 +330,11 @@ func (s *Store) Due(ctx context.Context, t time.Time, limit int) ([]queuecore.Me
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	var out []queuecore.Message
-	s.ix.due.Ascend(func(e *entry) bool {
-		if len(out) >= limit || e.key > until {
+	s.ix.Due.Ascend(func(e *entry) bool {
+		if len(out) >= limit || e.Key > until {
 			return false
 		}
-		out = append(out, e.message())
+		out = append(out, e.Message())
 		return true
 	})
 	return out, nil
@@ -342,11 +344,11 @@ func (s *Store) Due(ctx context.Context, t time.Time, limit int) ([]queuecore.Me
 func (s *Store) NextDue(ctx context.Context) (time.Time, bool, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	e, ok := s.ix.due.Min()
+	e, ok := s.ix.Due.Min()
 	if !ok {
 		return time.Time{}, false, nil
 	}
-	return e.deadline(), true, nil
+	return e.Deadline(), true, nil
 }
 
 // Counts returns the number and bytes of messages per queue and state;
@@ -354,11 +356,11 @@ func (s *Store) NextDue(ctx context.Context) (time.Time, bool, error) {
 func (s *Store) Counts(ctx context.Context) (map[string]map[queuecore.State]queuecore.Count, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	out := make(map[string]map[queuecore.State]queuecore.Count, len(s.ix.queues))
-	for name, q := range s.ix.queues {
+	out := make(map[string]map[queuecore.State]queuecore.Count, len(s.ix.Queues))
+	for name, q := range s.ix.Queues {
 		byState := map[queuecore.State]queuecore.Count{}
 		for _, st := range queuecore.States {
-			if c := q.counts[st]; c != (queuecore.Count{}) {
+			if c := q.Counts[st]; c != (queuecore.Count{}) {
 				byState[st] = c
 			}
 		}
@@ -372,7 +374,7 @@ func (s *Store) Counts(ctx context.Context) (map[string]map[queuecore.State]queu
 func (s *Store) MaxID(ctx context.Context) (uint64, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return max(s.ix.maxID, s.idsMark), nil
+	return max(s.ix.MaxID, s.idsMark), nil
 }
 
 // HandChanges returns what Open found changed by hand in the tree, for
@@ -395,7 +397,7 @@ func (s *Store) bodyPath(q string, st queuecore.State, name string) string {
 	return s.qdir + "/" + q + "/" + st.Dir() + "/" + name
 }
 
-func (s *Store) entryPath(e *entry) string { return s.bodyPath(e.q.name, e.state, e.name()) }
+func (s *Store) entryPath(e *entry) string { return s.bodyPath(e.Q.Name, e.State, e.Name()) }
 
 // bodyRetries is how often a read looks the path up again when the file
 // moved between the look-up and the open (a lease renames it).
@@ -406,11 +408,11 @@ const bodyRetries = 4
 func (s *Store) openBody(id uint64) (*os.File, error) {
 	for try := 0; ; try++ {
 		s.mu.RLock()
-		e := s.ix.byID[id]
+		e := s.ix.ByID[id]
 		var p string
 		var size int64
 		if e != nil {
-			p, size = s.entryPath(e), e.size
+			p, size = s.entryPath(e), e.Size
 		}
 		s.mu.RUnlock()
 		if e == nil {

@@ -201,7 +201,7 @@ func canLink(dir string) bool {
 // says). ok is false if it does not.
 func (r *reconciler) placeStaged(e *entry, p string, sb stagedBody) (ok bool, err error) {
 	s := r.s
-	from := s.stagedPath(e.id)
+	from := s.stagedPath(e.ID)
 	if !fileMatches(from, sb) {
 		return false, nil
 	}
@@ -212,7 +212,7 @@ func (r *reconciler) placeStaged(e *entry, p string, sb stagedBody) (ok bool, er
 		return false, err
 	}
 	r.moved++
-	r.logf(r.moved, "linked a staged body where its message is", logID, e.id, logFrom, from, logTo, p)
+	r.logf(r.moved, "linked a staged body where its message is", logID, e.ID, logFrom, from, logTo, p)
 	return true, nil
 }
 

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"yirangmq/backends"
+	"yirangmq/backends/fs/internal/memindex"
 	"yirangmq/backends/fs/internal/spare"
 	"yirangmq/queuecore"
 )
@@ -57,7 +58,9 @@ const (
 // at most as much as the journal they replace.
 const defaultCheckpointBytes = 16 << 20
 
-var errBadOp = errors.New("invalid op")
+// errBadOp is the index's: one sentinel for a bad op, wherever found.
+// errBadOp is the index's: one sentinel for a bad op, wherever found.
+var errBadOp = memindex.ErrBadOp
 
 // config holds what tests tune.
 type config struct {
@@ -177,7 +180,7 @@ func open(ctx context.Context, dir string, opts backends.Options, cfg config) (*
 		lock.Unlock()
 		return nil, fmt.Errorf("open fs store %s: %w", dir, err)
 	}
-	s.dirty.opened(s.ix.maxID)
+	s.dirty.opened(s.ix.MaxID)
 	n := cmp.Or(cfg.spares, spare.Count)
 	var err error
 	if s.spares, err = spare.Start(dir, n, s.log); err != nil {
@@ -262,11 +265,11 @@ func (s *Store) failure() error {
 func (s *Store) Queues(ctx context.Context) ([]queuecore.QueueInfo, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	qs := s.ix.sortedQueues()
+	qs := s.ix.SortedQueues()
 	out := make([]queuecore.QueueInfo, len(qs))
 	for i, q := range qs {
-		out[i] = q.info
-		out[i].Policy = bytes.Clone(q.info.Policy)
+		out[i] = q.Info
+		out[i].Policy = bytes.Clone(q.Info.Policy)
 	}
 	return out, nil
 }
@@ -282,16 +285,16 @@ func (s *Store) List(ctx context.Context, queue string, state queuecore.State, f
 		return fmt.Errorf("list: state %d: %w", state, errBadOp)
 	}
 	s.mu.RLock()
-	q := s.ix.queues[queue]
+	q := s.ix.Queues[queue]
 	if q == nil {
 		s.mu.RUnlock()
 		return fmt.Errorf("list queue %q: %w", queue, queuecore.ErrNotFound)
 	}
-	if state == queuecore.StateReady && q.spill != nil {
+	if state == queuecore.StateReady && q.Ext.spill != nil {
 		s.mu.RUnlock()
 		return s.listSpilled(ctx, queue, fn)
 	}
-	t := q.byState[state]
+	t := q.ByState[state]
 	if t.Len() <= smallList {
 		es := make([]*entry, 0, t.Len())
 		t.Ascend(func(e *entry) bool {
@@ -300,7 +303,7 @@ func (s *Store) List(ctx context.Context, queue string, state queuecore.State, f
 		})
 		s.mu.RUnlock()
 		for _, e := range es {
-			if !fn(e.message()) {
+			if !fn(e.Message()) {
 				break
 			}
 		}
@@ -308,14 +311,14 @@ func (s *Store) List(ctx context.Context, queue string, state queuecore.State, f
 	}
 	s.mu.RUnlock()
 	s.mu.Lock()
-	q = s.ix.queues[queue]
+	q = s.ix.Queues[queue]
 	if q == nil {
 		s.mu.Unlock()
 		return fmt.Errorf("list queue %q: %w", queue, queuecore.ErrNotFound)
 	}
-	t = q.byState[state].Clone()
+	t = q.ByState[state].Clone()
 	s.mu.Unlock()
-	t.Ascend(func(e *entry) bool { return fn(e.message()) })
+	t.Ascend(func(e *entry) bool { return fn(e.Message()) })
 	return nil
 }
 
@@ -323,7 +326,7 @@ func (s *Store) List(ctx context.Context, queue string, state queuecore.State, f
 func (s *Store) MaxID(ctx context.Context) (uint64, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return s.ix.maxID, nil
+	return s.ix.MaxID, nil
 }
 
 // bodyPath is where the body of a message in queue q, state st, named name
@@ -332,4 +335,4 @@ func (s *Store) bodyPath(q string, st queuecore.State, name string) string {
 	return s.qdir + "/" + q + "/" + st.Dir() + "/" + name
 }
 
-func (s *Store) entryPath(e *entry) string { return s.bodyPath(e.q.name, e.state, e.name()) }
+func (s *Store) entryPath(e *entry) string { return s.bodyPath(e.Q.Name, e.State, e.Name()) }
