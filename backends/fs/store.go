@@ -1,7 +1,6 @@
 package fs
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -257,13 +256,7 @@ func (s *Store) failLocked(err error) {
 func (s *Store) Queues(ctx context.Context) ([]queuecore.QueueInfo, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	qs := s.ix.SortedQueues()
-	out := make([]queuecore.QueueInfo, len(qs))
-	for i, q := range qs {
-		out[i] = q.Info
-		out[i].Policy = bytes.Clone(q.Info.Policy)
-	}
-	return out, nil
+	return s.ix.QueueInfos(), nil
 }
 
 // Lookup finds a queue's live or archived message by name.
@@ -278,48 +271,10 @@ func (s *Store) Lookup(ctx context.Context, queue, name string, archived bool) (
 	return queuecore.Message{}, fmt.Errorf("message %q in queue %q: %w", name, queue, queuecore.ErrNotFound)
 }
 
-// smallList is the size up to which List copies a tree's entries under the
-// lock; larger trees are cloned (copy-on-write, O(1)) and walked after.
-const smallList = 256
-
 // List calls fn with the messages of a queue in one state, in (SortKey,
 // Seq) order. It walks a copy of the state, so fn runs without a lock.
 func (s *Store) List(ctx context.Context, queue string, state queuecore.State, fn func(queuecore.Message) bool) error {
-	if !state.Valid() {
-		return fmt.Errorf("list: state %d: %w", state, errBadOp)
-	}
-	s.mu.RLock()
-	q := s.ix.Queues[queue]
-	if q == nil {
-		s.mu.RUnlock()
-		return fmt.Errorf("list queue %q: %w", queue, queuecore.ErrNotFound)
-	}
-	t := q.ByState[state]
-	if t.Len() <= smallList {
-		es := make([]*entry, 0, t.Len())
-		t.Ascend(func(e *entry) bool {
-			es = append(es, e)
-			return true
-		})
-		s.mu.RUnlock()
-		for _, e := range es {
-			if !fn(e.Message()) {
-				break
-			}
-		}
-		return nil
-	}
-	s.mu.RUnlock()
-	s.mu.Lock() // Clone writes to the tree it clones
-	q = s.ix.Queues[queue]
-	if q == nil {
-		s.mu.Unlock()
-		return fmt.Errorf("list queue %q: %w", queue, queuecore.ErrNotFound)
-	}
-	t = q.ByState[state].Clone()
-	s.mu.Unlock()
-	t.Ascend(func(e *entry) bool { return fn(e.Message()) })
-	return nil
+	return s.ix.List(&s.mu, queue, state, fn)
 }
 
 // Due returns up to limit leased or delayed messages due at t, earliest

@@ -1,7 +1,6 @@
 package format1
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -265,61 +264,23 @@ func (s *Store) failure() error {
 func (s *Store) Queues(ctx context.Context) ([]queuecore.QueueInfo, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	qs := s.ix.SortedQueues()
-	out := make([]queuecore.QueueInfo, len(qs))
-	for i, q := range qs {
-		out[i] = q.Info
-		out[i].Policy = bytes.Clone(q.Info.Policy)
-	}
-	return out, nil
+	return s.ix.QueueInfos(), nil
 }
 
-// smallList is the size up to which List copies a tree's entries under the
-// lock; larger trees are cloned (copy-on-write, O(1)) and walked after.
-const smallList = 256
-
 // List calls fn with the messages of a queue in one state, in (SortKey,
-// Seq) order. It walks a snapshot of the state, so fn runs without a lock.
+// Seq) order. It walks a snapshot of the state, so fn runs without a lock;
+// a queue's ready messages are merged with those of its spill.
 func (s *Store) List(ctx context.Context, queue string, state queuecore.State, fn func(queuecore.Message) bool) error {
-	if !state.Valid() {
-		return fmt.Errorf("list: state %d: %w", state, errBadOp)
-	}
-	s.mu.RLock()
-	q := s.ix.Queues[queue]
-	if q == nil {
+	if state == queuecore.StateReady {
+		s.mu.RLock()
+		q := s.ix.Queues[queue]
+		spilled := q != nil && q.Ext.spill != nil
 		s.mu.RUnlock()
-		return fmt.Errorf("list queue %q: %w", queue, queuecore.ErrNotFound)
-	}
-	if state == queuecore.StateReady && q.Ext.spill != nil {
-		s.mu.RUnlock()
-		return s.listSpilled(ctx, queue, fn)
-	}
-	t := q.ByState[state]
-	if t.Len() <= smallList {
-		es := make([]*entry, 0, t.Len())
-		t.Ascend(func(e *entry) bool {
-			es = append(es, e)
-			return true
-		})
-		s.mu.RUnlock()
-		for _, e := range es {
-			if !fn(e.Message()) {
-				break
-			}
+		if spilled {
+			return s.listSpilled(ctx, queue, fn)
 		}
-		return nil
 	}
-	s.mu.RUnlock()
-	s.mu.Lock()
-	q = s.ix.Queues[queue]
-	if q == nil {
-		s.mu.Unlock()
-		return fmt.Errorf("list queue %q: %w", queue, queuecore.ErrNotFound)
-	}
-	t = q.ByState[state].Clone()
-	s.mu.Unlock()
-	t.Ascend(func(e *entry) bool { return fn(e.Message()) })
-	return nil
+	return s.ix.List(&s.mu, queue, state, fn)
 }
 
 // MaxID is the largest ID or Seq the store has been given.
