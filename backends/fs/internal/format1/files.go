@@ -3,7 +3,6 @@ package format1
 import (
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -683,26 +682,13 @@ func fsyncPath(p string) error {
 
 // fsyncFilesIn fsyncs every file of dir, reading it a chunk at a time.
 func fsyncFilesIn(dir string) error {
-	f, err := os.Open(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	for {
-		names, err := f.Readdirnames(4096)
+	_, err := readChunks(dir, func(names []string) error {
 		for _, n := range names {
 			if err := fsyncPath(dir + "/" + n); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EISDIR) {
 				return err
 			}
 		}
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			return err
-		}
-	}
+		return nil
+	})
+	return err
 }

@@ -141,14 +141,6 @@ func (r *reconciler) queue(q *queue) error {
 func (r *reconciler) stateDir(q *queue, st queuecore.State) error {
 	s := r.s
 	dir := filepath.Join(s.qdir, q.Name, st.Dir())
-	f, err := os.Open(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	defer f.Close()
 	want := make(map[string]*entry, q.ByState[st].Len())
 	q.ByState[st].Ascend(func(e *entry) bool {
 		want[e.Name()] = e
@@ -160,17 +152,11 @@ func (r *reconciler) stateDir(q *queue, st queuecore.State) error {
 		sp = q.Ext.spill
 		seen = make([]uint64, len(sp.gone))
 	}
-	for {
-		names, err := f.Readdirnames(4096)
-		if err != nil && !errors.Is(err, io.EOF) {
-			return fmt.Errorf("read directory %s: %w", dir, err)
-		}
-		if len(names) == 0 {
-			break
-		}
-		if err := r.names(q, dir, names, want, sp, seen); err != nil {
-			return err
-		}
+	found, err := readChunks(dir, func(names []string) error {
+		return r.names(q, dir, names, want, sp, seen)
+	})
+	if err != nil || !found {
+		return err
 	}
 	for _, e := range want {
 		r.missing = append(r.missing, e)
@@ -350,17 +336,24 @@ func (r *reconciler) resolve() error {
 		}
 		return nil
 	}
+	// moveTo renames x to p, where the body of e belongs.
+	moveTo := func(x *stray, e *entry, p string) error {
+		s.dirty.file(p)
+		s.dirty.dir(filepath.Dir(x.path))
+		if err := renameMkdir(x.path, p); err != nil {
+			return err
+		}
+		s.dirty.moved(x.path, p, e.ID)
+		r.moved++
+		r.logf(r.moved, "moved a body to where its message is", logID, e.ID, logFrom, x.path, logTo, p)
+		return nil
+	}
 	for _, e := range r.missing {
 		p := s.entryPath(e)
 		if x := claim(byOwner[e.ID]); x != nil {
-			s.dirty.file(p)
-			s.dirty.dir(filepath.Dir(x.path))
-			if err := renameMkdir(x.path, p); err != nil {
+			if err := moveTo(x, e, p); err != nil {
 				return err
 			}
-			s.dirty.moved(x.path, p, e.ID)
-			r.moved++
-			r.logf(r.moved, "moved a body to where its message is", logID, e.ID, logFrom, x.path, logTo, p)
 			continue
 		}
 		if ref, ok := r.rs.bodies[e.ID]; ok && ref.staged != nil {
@@ -388,14 +381,9 @@ func (r *reconciler) resolve() error {
 			x = claim(byName[[2]string{e.Q.Name, e.Name()}])
 		}
 		if x != nil {
-			s.dirty.file(p)
-			s.dirty.dir(filepath.Dir(x.path))
-			if err := renameMkdir(x.path, p); err != nil {
+			if err := moveTo(x, e, p); err != nil {
 				return err
 			}
-			s.dirty.moved(x.path, p, e.ID)
-			r.moved++
-			r.logf(r.moved, "moved a body to where its message is", logID, e.ID, logFrom, x.path, logTo, p)
 			continue
 		}
 		// Only a power cut in SyncNormal or SyncOff, or a hand, can get
@@ -450,6 +438,33 @@ func (r *reconciler) toLostFound(p, rel string) error {
 func (r *reconciler) logf(n int, msg string, args ...any) {
 	if n <= maxLogged {
 		r.s.log.Info(msg, args...)
+	}
+}
+
+// readChunks calls fn with the names of dir a chunk at a time, so that a
+// directory of a million files costs a chunk of memory. A missing dir is
+// not read: found is false. A read error ends it before fn sees the names
+// read with it.
+func readChunks(dir string, fn func(names []string) error) (found bool, err error) {
+	f, err := os.Open(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	for {
+		names, err := f.Readdirnames(4096)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return true, fmt.Errorf("read directory %s: %w", dir, err)
+		}
+		if len(names) == 0 {
+			return true, nil
+		}
+		if err := fn(names); err != nil {
+			return true, err
+		}
 	}
 }
 
