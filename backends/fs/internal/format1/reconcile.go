@@ -470,17 +470,13 @@ func readChunks(dir string, fn func(names []string) error) (found bool, err erro
 
 // readNames lists a directory; a missing one is empty.
 func readNames(dir string) ([]string, error) {
-	f, err := os.Open(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
+	var all []string
+	_, err := readChunks(dir, func(names []string) error {
+		all = append(all, names...)
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	names, err := f.Readdirnames(-1)
-	if err != nil {
-		return nil, fmt.Errorf("read directory %s: %w", dir, err)
-	}
-	return names, nil
+	return all, nil
 }
