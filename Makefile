@@ -134,14 +134,16 @@ demo:
 	BIN=$(BIN) scripts/demo.sh
 
 # The benchmark suite (docs/bench.md), as root: yirangmq through the mount
-# and in process against a plain directory (with and without fsync), a
-# go-fuse loopback mount, a goqite-style SQLite queue and POSIX message
-# queues, in one run, with 1 MiB messages and the latency at half of
-# peak. Prints the tables and the goals, each beside its value in the
-# previous results/bench-latest.json; then writes
+# (on both transports when the kernel offers io_uring) and in process
+# against a plain directory (with and without fsync), a go-fuse loopback
+# mount (and one that syncs at flush), a goqite-style SQLite queue and
+# POSIX message queues, in one run, with 1 MiB messages and the latency
+# at half of peak; each goal ratio the median of 5 rounds. Prints the
+# tables and the goals, each beside its value in the previous
+# results/bench-latest.json; then writes
 # results/bench-<time>.{json,png} and results/bench-latest.{json,png}.
 # The driver is a module of its own (bench/go.mod).
-# About 8 minutes; BENCH_QUICK=1 about 2.5-4 (more on a loaded machine);
+# About 10 minutes; BENCH_QUICK=1 about 3 (more on a loaded machine);
 # BENCH_MILLION=1 fills 1,000,000
 # ready messages for the scale run (about 45 s more).
 BENCH_FLAGS = $(if $(filter 1,$(BENCH_QUICK)),--quick) $(if $(filter 1,$(BENCH_MILLION)),--million)

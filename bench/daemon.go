@@ -19,16 +19,35 @@ import (
 // mountSpec says how to mount one store.
 type mountSpec struct {
 	backend, sync string
-	cacheTimeout  time.Duration
-	debug         bool
+	// transport is the daemon's --transport; empty passes none (the
+	// daemon's default, or a build from before the flag).
+	transport    string
+	cacheTimeout time.Duration
+	debug        bool
 }
 
 func (s mountSpec) String() string {
 	name := s.backend + "-" + s.sync + "-cache" + s.cacheTimeout.String()
+	if s.transport != "" {
+		name += "-" + s.transport
+	}
 	if s.debug {
 		name += "-debug"
 	}
 	return name
+}
+
+// args are the yirangmq command line that mounts store on mnt.
+func (s mountSpec) args(store, mnt string) []string {
+	args := []string{"mount", "--backend", s.backend, "--store", store, "--sync", s.sync,
+		"--cache-timeout", s.cacheTimeout.String()}
+	if s.debug {
+		args = append(args, "--debug")
+	}
+	if s.transport != "" {
+		args = append(args, "--transport", s.transport)
+	}
+	return append(args, mnt)
 }
 
 // daemon is a yirangmq mount served by a child process, started with the
@@ -57,17 +76,7 @@ func startDaemon(bin, dir string, spec mountSpec) (*daemon, error) {
 		return nil, err
 	}
 	d.logFile = lf
-	args := []string{"mount", "--backend", spec.backend, "--store", d.store, "--sync", spec.sync,
-		"--cache-timeout", spec.cacheTimeout.String()}
-	if spec.debug {
-		args = append(args, "--debug")
-	}
-	// The transport of the tests' daemons (make test) is the bench's too.
-	if tr := os.Getenv(testenv.TransportEnv); tr != "" {
-		args = append(args, "--transport", tr)
-	}
-	args = append(args, d.mnt)
-	d.cmd = exec.Command(bin, args...)
+	d.cmd = exec.Command(bin, spec.args(d.store, d.mnt)...)
 	d.cmd.Stdout, d.cmd.Stderr = lf, lf
 	// If the bench dies without its cleanup (SIGKILL), the daemon gets
 	// SIGTERM and unmounts by itself. Daemons are started from the main

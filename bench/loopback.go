@@ -29,7 +29,7 @@ const loopbackFSName = "yirangmq-bench-loopback"
 func buildLoopback(ctx context.Context, root, dir string) (string, error) {
 	bin := filepath.Join(dir, "loopbackd")
 	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./loopbackd")
-	cmd.Dir = filepath.Join(root, "testenv", "mountbench")
+	cmd.Dir = filepath.Join(root, "bench")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build loopbackd: %v\n%s", err, out)
 	}
@@ -42,9 +42,10 @@ func buildLoopback(ctx context.Context, root, dir string) (string, error) {
 
 // startLoopback mounts a go-fuse loopback of dir/backing on dir/mnt in a
 // child process (bin, from buildLoopback) and waits for its ready
-// handshake. The daemon it returns stops like a yirangmq one (SIGTERM,
-// clean unmount).
-func startLoopback(bin, dir string, cacheTimeout time.Duration) (*daemon, error) {
+// handshake; with syncAtFlush its daemon fdatasyncs a written file at
+// FLUSH (sysLoopbackSync). The daemon it returns stops like a yirangmq
+// one (SIGTERM, clean unmount).
+func startLoopback(bin, dir string, cacheTimeout time.Duration, syncAtFlush bool) (*daemon, error) {
 	d := &daemon{
 		mnt:     filepath.Join(dir, "mnt"),
 		store:   filepath.Join(dir, "backing"),
@@ -60,7 +61,11 @@ func startLoopback(bin, dir string, cacheTimeout time.Duration) (*daemon, error)
 		return nil, err
 	}
 	d.logFile = lf
-	d.cmd = exec.Command(bin, "--cache-timeout", cacheTimeout.String(), d.store, d.mnt)
+	args := []string{"--cache-timeout", cacheTimeout.String()}
+	if syncAtFlush {
+		args = append(args, "--sync-at-flush")
+	}
+	d.cmd = exec.Command(bin, append(args, d.store, d.mnt)...)
 	d.cmd.Stdout, d.cmd.Stderr = lf, lf
 	// As for the daemons: SIGTERM (and a clean unmount) if we die.
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}

@@ -41,6 +41,8 @@ import (
 
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
+
+	"yirangmq/testenv"
 )
 
 // workPrefix names this bench's working directories, and its mounts.
@@ -60,6 +62,8 @@ type config struct {
 	cacheTimeout                                                       time.Duration
 	out, bin, workBase, count                                          string
 	keep, noPlain                                                      bool
+	// transport is every daemon's --transport ("": none passed).
+	transport string
 }
 
 func main() {
@@ -103,6 +107,8 @@ func main() {
 		fmt.Fprintln(os.Stderr, "mountbench:", err)
 		os.Exit(2)
 	}
+	// The transport of the tests' daemons (make test) is this bench's too.
+	cfg.transport = os.Getenv(testenv.TransportEnv)
 	ctx, interrupted, stop := interruptible("mountbench")
 	b := &bench{cfg: cfg, log: os.Stderr}
 	err := b.run(ctx)
@@ -216,7 +222,7 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	for _, backend := range b.cfg.backends {
 		for _, sync := range b.cfg.syncs {
-			spec := mountSpec{backend: backend, sync: sync, cacheTimeout: b.cfg.cacheTimeout}
+			spec := mountSpec{backend: backend, sync: sync, transport: b.cfg.transport, cacheTimeout: b.cfg.cacheTimeout}
 			for attempt := 1; ; attempt++ {
 				nMount, nNext, nFloor := len(b.res.Mount), len(b.res.Next), len(b.res.Floor)
 				ref, err := b.probeFloor(ctx, "before "+backend+"/"+sync, max(b.cfg.floorOps/4, 5000), []floorKind{floorFstat})
@@ -546,7 +552,7 @@ type floorRef struct{ meanUS, p50US float64 }
 // once at length, and again right before each store and sync mode so that
 // each is compared with the floor of its own minutes on a shared machine.
 func (b *bench) startFloorMount() error {
-	d, err := b.mount(mountSpec{backend: "sqlite", sync: "normal", cacheTimeout: 0}, "floor")
+	d, err := b.mount(mountSpec{backend: "sqlite", sync: "normal", transport: b.cfg.transport, cacheTimeout: 0}, "floor")
 	if err != nil {
 		return err
 	}
@@ -690,7 +696,7 @@ func (b *bench) runMount(ctx context.Context, spec mountSpec, floor map[int]floo
 // runTraceMount records the request sequence of each operation from a
 // --debug mount.
 func (b *bench) runTraceMount(ctx context.Context) error {
-	spec := mountSpec{backend: "sqlite", sync: "normal", cacheTimeout: b.cfg.cacheTimeout, debug: true}
+	spec := mountSpec{backend: "sqlite", sync: "normal", transport: b.cfg.transport, cacheTimeout: b.cfg.cacheTimeout, debug: true}
 	d, err := b.mount(spec, "trace")
 	if err != nil {
 		return err

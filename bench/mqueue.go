@@ -31,7 +31,7 @@ type mqLine struct {
 // buildMQBench compiles testdata/mqbench.c into dir.
 func buildMQBench(ctx context.Context, root, dir string) (string, error) {
 	bin := filepath.Join(dir, "mqbench")
-	src := filepath.Join(root, "testenv", "mountbench", "testdata", "mqbench.c")
+	src := filepath.Join(root, "bench", "testdata", "mqbench.c")
 	cmd := exec.CommandContext(ctx, "gcc", "-O2", "-Wall", "-o", bin, src, "-lrt", "-lpthread")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("gcc: %v\n%s", err, out)

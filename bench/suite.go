@@ -11,9 +11,11 @@ package main
 //   - a plain directory of the same disk, with no fsync and as a careful
 //     Maildir writer does it (write, fsync, rename into place, fsync dir);
 //   - a go-fuse loopback mount of a plain directory (child process, the
-//     daemon's mount options): the price of FUSE itself;
+//     daemon's mount options): the price of FUSE itself; and the same
+//     loopback syncing at FLUSH, the like of a --sync full publish;
 //   - yirangmq through the mount, sqlite and fs stores, --sync normal and
-//     full (bin/yirangmq mount, as mountbench starts it);
+//     full, on each transport asked for (classic, io_uring; transport.go)
+//     (bin/yirangmq mount, as mountbench starts it);
 //   - queuecore in process on the sqlite store, normal and full;
 //   - a goqite-style SQLite queue in process (goqite.go);
 //   - POSIX message queues (testdata/mqbench.c), the in-kernel floor;
@@ -22,8 +24,9 @@ package main
 // directory and a blocked mq_receive), the lease-expiry redelivery, CPU
 // per 10,000 messages, RSS after mount, after many messages and with
 // many ready, and idle CPU and wakeups. Every figure is related to the
-// plain directory and to the FUSE request floor; the goals of the issue
-// are checked at the end. Results go to OUT-DIR/bench-STAMP.{json,png}
+// plain directory and to the FUSE request floor; the goals of the issues
+// are checked at the end, each ratio the median of rounds in which the
+// systems took turns (suite_interleaved.go). Results go to OUT-DIR/bench-STAMP.{json,png}
 // and OUT-DIR/bench-latest.{json,png}; docs/bench.md explains them.
 
 import (
@@ -64,13 +67,18 @@ type suiteConfig struct {
 	warmup             int
 	idle               time.Duration
 	interleaveMessages int           // per operation and round of the interleaved step
-	interleaveRounds   int           // rounds of the interleaved step
+	rounds             int           // rounds of the steps whose systems take turns (interleaved, 1 MiB, latency)
 	bigMessages        int           // 1 MiB messages per system and round (0: skip)
 	latencyPeak        int           // round trips of the peak before the paced load
 	latencyLength      time.Duration // the paced load per store (0: skip)
 
 	cacheTimeout          time.Duration
 	outDir, bin, workBase string
+	jsonOut               string // --json: this run's JSON, partial or not, also here
+	// transports are --transports; transportsSet whether it was given
+	// (else both when the build and the kernel offer io_uring).
+	transports    []string
+	transportsSet bool
 	// only names the steps to run (their keys in suite.run); empty: all.
 	// For looking at one step; the goals of the steps left out are
 	// reported as not measured.
@@ -120,16 +128,16 @@ func defaultSuiteConfig(quick bool) suiteConfig {
 		messages: 3000, durableMessages: 500, inprocMessages: 20000, inprocFull: 3000, mqMessages: 200000,
 		nextSamples: 300, expirySamples: 10, churnMessages: 100_000, ready: 100_000, scaleRoundTrips: 2000,
 		floorOps: 20000, warmup: 200, idle: 60 * time.Second, cacheTimeout: time.Second,
-		interleaveMessages: 1500, interleaveRounds: 3,
-		bigMessages: 160, latencyPeak: 2000, latencyLength: 20 * time.Second,
+		interleaveMessages: 1000, rounds: 5,
+		bigMessages: 64, latencyPeak: 2000, latencyLength: 20 * time.Second,
 		outDir: "results", workBase: defaultWorkBase(),
 	}
 	if quick {
 		c.messages, c.durableMessages, c.inprocMessages, c.inprocFull, c.mqMessages = 800, 200, 4000, 800, 50000
 		c.nextSamples, c.expirySamples, c.churnMessages, c.ready, c.scaleRoundTrips = 100, 4, 10_000, 20_000, 400
 		c.floorOps, c.warmup, c.idle = 5000, 100, 10*time.Second
-		c.interleaveMessages, c.interleaveRounds = 300, 2
-		c.bigMessages, c.latencyPeak, c.latencyLength = 64, 600, 6*time.Second
+		c.interleaveMessages = 250
+		c.bigMessages, c.latencyPeak, c.latencyLength = 24, 600, 6*time.Second
 	}
 	return c
 }
@@ -155,9 +163,12 @@ func suiteMain(args []string) int {
 	fl.IntVar(&cfg.ready, "ready", cfg.ready, "ready messages of the scale run (0: skip)")
 	fl.DurationVar(&cfg.idle, "idle", cfg.idle, "idle window of the daemons (CPU, wakeups)")
 	fl.IntVar(&cfg.interleaveMessages, "interleaved", cfg.interleaveMessages, "messages per operation and round of the interleaved step (the goals' ratios)")
+	fl.IntVar(&cfg.rounds, "rounds", cfg.rounds, "rounds of the steps whose systems take turns (interleaved, 1 MiB, latency): each goal ratio is the median of its rounds' ratios")
 	fl.IntVar(&cfg.bigMessages, "big", cfg.bigMessages, "1 MiB messages per system and round of the bandwidth step (0: skip)")
-	fl.DurationVar(&cfg.latencyLength, "latency", cfg.latencyLength, "length of the paced load per store of the latency step (0: skip)")
+	fl.DurationVar(&cfg.latencyLength, "latency", cfg.latencyLength, "length of the paced load per store and transport of the latency step, all rounds together (0: skip)")
+	fl.StringSliceVar(&cfg.transports, "transports", []string{transportClassic, transportUring}, "the daemon's transports to measure (classic, uring); default: both when the build has --transport and the kernel offers io_uring ("+uringParam+" is Y), else classic; a build without --transport is started without it")
 	fl.StringVar(&cfg.outDir, "out-dir", cfg.outDir, "where to write bench-STAMP.{json,png} and bench-latest.{json,png}")
+	fl.StringVar(&cfg.jsonOut, "json", "", "also write this run's JSON to FILE, a partial run's (--only) too (never bench-latest.json: the next run's comparison takes whole runs only)")
 	fl.StringVar(&cfg.bin, "bin", "", "yirangmq binary (default: build ./cmd/yirangmq of this checkout)")
 	fl.StringVar(&cfg.workBase, "workdir", cfg.workBase, "where to make the working directory (same disk as the stores; not under $TMPDIR, whose mounts tests may sweep)")
 	fl.BoolVar(&cfg.keep, "keep", false, "keep the working directory (daemon logs, stores)")
@@ -171,6 +182,7 @@ func suiteMain(args []string) int {
 	if cfg.million {
 		cfg.ready = 1_000_000
 	}
+	cfg.transportsSet = fl.Changed("transports")
 	for _, k := range cfg.only {
 		if !slices.Contains(stepKeys(), k) {
 			fmt.Fprintf(os.Stderr, "mountbench suite: --only %s: no such step (%s)\n", k, strings.Join(stepKeys(), ", "))
@@ -189,8 +201,8 @@ func suiteMain(args []string) int {
 			return 2
 		}
 	}
-	if cfg.messages < 1 || cfg.interleaveMessages < 1 || cfg.idle < time.Second {
-		fmt.Fprintln(os.Stderr, "mountbench suite: --messages and --interleaved must be positive and --idle at least 1s")
+	if cfg.messages < 1 || cfg.interleaveMessages < 1 || cfg.rounds < 1 || cfg.idle < time.Second {
+		fmt.Fprintln(os.Stderr, "mountbench suite: --messages, --interleaved and --rounds must be positive and --idle at least 1s")
 		return 2
 	}
 
@@ -222,6 +234,16 @@ type suite struct {
 	root string // the module's directory
 	res  suiteResults
 	live []*liveDaemon // daemons kept for the idle window
+	// transports are the daemon's transports measured; binHasTransport
+	// whether the build takes --transport (transportFlag).
+	transports      []string
+	binHasTransport bool
+	transportWhy    string // why a run is classic only, when it is by default
+}
+
+// spec is how the suite mounts store at sync on transport.
+func (s *suite) spec(store, sync, transport string) mountSpec {
+	return mountSpec{backend: store, sync: sync, transport: transportFlag(transport, s.binHasTransport), cacheTimeout: s.cfg.cacheTimeout}
 }
 
 // liveDaemon is a daemon whose memory and idle cost the suite reports.
@@ -307,6 +329,9 @@ func (s *suite) run(ctx context.Context) error {
 	if err := b.setup(ctx); err != nil {
 		return err
 	}
+	if err := s.setTransports(); err != nil {
+		return err
+	}
 	mode := "full"
 	if s.cfg.quick {
 		mode = "quick"
@@ -315,6 +340,10 @@ func (s *suite) run(ctx context.Context) error {
 		Started: b.res.Started, Mode: mode, Million: s.cfg.million, Kernel: b.res.Kernel, CPUs: b.res.CPUs,
 		GoVersion: b.res.GoVersion, Filesystem: b.res.Filesystem, Workdir: work, LoadBefore: b.res.LoadBefore,
 		MessageBytes: msgSize, CacheTimeout: s.cfg.cacheTimeout.String(), CountSource: b.res.CountSource,
+		Transports: s.transports, Rounds: s.cfg.rounds,
+	}
+	if s.transportWhy != "" {
+		s.note(s.transportWhy)
 	}
 	for _, st := range s.steps() {
 		// The floor's mount is what later steps probe: it always runs.
@@ -352,9 +381,15 @@ func (s *suite) run(ctx context.Context) error {
 			fmt.Println("- " + n)
 		}
 	}
+	if s.cfg.jsonOut != "" {
+		if err := s.res.writeJSON(s.cfg.jsonOut); err != nil {
+			return err
+		}
+		s.logf("wrote %s", s.cfg.jsonOut)
+	}
 	if len(s.cfg.only) > 0 {
 		// A partial run's goals would stand for the whole run's next
-		// to the next full run: it writes nothing.
+		// to the next full run: it writes nothing there.
 		s.logf("--only %s: nothing written to %s", strings.Join(s.cfg.only, ","), out)
 		return nil
 	}
@@ -366,11 +401,33 @@ func (s *suite) run(ctx context.Context) error {
 	return nil
 }
 
+// setTransports decides the transports of the run (chooseTransports)
+// from the build's flags and the kernel's switch; the floor's daemon
+// serves on the first.
+func (s *suite) setTransports() error {
+	has, err := binHasTransport(s.b.cfg.bin)
+	if err != nil {
+		return err
+	}
+	on, state := kernelUring()
+	ts, why, err := chooseTransports(s.cfg.transports, s.cfg.transportsSet, has, on, state)
+	if err != nil {
+		return err
+	}
+	s.transports, s.binHasTransport, s.transportWhy = ts, has, why
+	s.b.cfg.transport = transportFlag(ts[0], has)
+	if why != "" {
+		s.logf("%s", why)
+	}
+	s.logf("transports: %s (the build %s --transport)", strings.Join(ts, ", "), map[bool]string{true: "has", false: "has no"}[has])
+	return nil
+}
+
 func (s *suite) finishNotes() {
 	s.note("ops/s: messages ÷ wall time of the phase, all clients together; p50/p99 per operation; round trip = publish, lease and ack of one message by one client, in a row")
 	s.note("through a mount and on the plain directory, each client count has a new directory (or store and daemon) in a block group of its own; publish, lease and ack run there one after the other (all messages each), then the round trips (so those create files where many were just deleted)")
 	s.note(fmt.Sprintf("mount phases: --cache-timeout %s, queue archive off, visibility timeout 1 h, after %d untimed publish+lease+ack", s.cfg.cacheTimeout, s.cfg.warmup))
-	s.note("CPU s per 10k: user+system CPU of the client (this process, or mqbench) plus the daemon (the yirangmq or loopback child), per 10,000 operations")
+	s.note("CPU s per 10k: user+system CPU of the client (this process, or mqbench; /proc/PID/stat) plus the daemon's time on a CPU (the yirangmq or loopback child; /proc/PID/task/*/schedstat), per 10,000 operations")
 	s.note("in process: queuecore lease = Core.Next (non-blocking), ack = Core.Ack; goqite-style lease = receive (UPDATE … RETURNING), ack = delete; POSIX mqueue has no ack (a received message is gone)")
 }
 
@@ -409,8 +466,8 @@ func phaseRow(system string, op opKind, clients int, m measured) row {
 	sum := m.phase.lat.summary()
 	r := row{System: system, Op: op.String(), Clients: clients, Ops: ops, Seconds: round2(m.phase.wall.Seconds()),
 		OpsPerSec: opsPerSec(ops, m.phase.wall), P50US: sum.P50US, P99US: sum.P99US,
-		ClientCPUUS: m.cpu.ClientUSPerOp, DaemonCPUUS: m.cpu.DaemonUSPerOp, OthersShare: m.cpu.OthersShare,
-		RequestsPerOp: -1, FsyncsPerOp: -1}
+		ClientCPUUS: m.cpu.ClientUSPerOp, DaemonCPUUS: m.cpu.DaemonUSPerOp, DaemonSwitchesPerOp: m.cpu.DaemonSwitchesPerOp,
+		OthersShare: m.cpu.OthersShare, RequestsPerOp: -1, FsyncsPerOp: -1}
 	r.CPUSecPer10k = round4((m.cpu.ClientUSPerOp + m.cpu.DaemonUSPerOp) * 1e4 / 1e6)
 	if m.counts != nil {
 		r.RequestsPerOp, r.Requests = perOp(m.counts.Requests, ops)
@@ -467,13 +524,21 @@ func (s *suite) addTo(system string) recorder {
 // in inbox/ and processing/ through mount d, after a warm-up, with the
 // request counters on.
 func (s *suite) runFuseOps(ctx context.Context, d *daemon, inbox, processing string, c, n int, pass string, rec recorder) error {
+	return s.runFusePhases(ctx, d, inbox, processing, c, n, pass, allOps, rec)
+}
+
+// allOps are the phases of a system in the main tables, in their order.
+var allOps = []opKind{opPublish, opLease, opAck, opRoundTrip}
+
+// runFusePhases is runFuseOps for some of the phases.
+func (s *suite) runFusePhases(ctx context.Context, d *daemon, inbox, processing string, c, n int, pass string, ops []opKind, rec recorder) error {
 	q := queueDirs{inbox: inbox, processing: processing}
 	for _, op := range []opKind{opPublish, opLease, opAck} {
 		if _, err := runPhase(ctx, q, op, pass+"-warmup", s.cfg.warmup, 1); err != nil {
 			return fmt.Errorf("warm-up %s: %w", op, err)
 		}
 	}
-	for _, op := range []opKind{opPublish, opLease, opAck, opRoundTrip} {
+	for _, op := range ops {
 		m, err := s.b.measure(d, d.store, func() (phaseResult, error) { return runPhase(ctx, q, op, pass, n, c) })
 		if err != nil {
 			return fmt.Errorf("%s c=%d: %w", op, c, err)

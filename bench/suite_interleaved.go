@@ -14,37 +14,80 @@ import (
 
 // On a shared machine the speed of everything drifts by up to 2x within
 // minutes, so the main tables, measured system after system, make poor
-// ratios. The goals' ratios (the mount against the loopback and against
-// the goqite-style queue, the core against goqite) come from this step
-// instead: the systems take turns, in a rotating order, for a few
-// rounds, each round on new directories, stores and daemons, and each
-// system's figure adds up all its rounds. The goals' mounts are the
-// daemon's default options (--sync full), on both local stores; the
-// mounts at --sync normal take their turns too, in no goal, to show the
-// mounts without the sync at close.
+// ratios. The goals' ratios come from this step instead: the systems
+// take turns within each round, in an order that rotates from round to
+// round, each round on new directories, stores and daemons, and a goal
+// is the median of its rounds' ratios (medianRatio). What each system
+// is compared with is like it: the mounts at --sync normal with the
+// go-fuse loopback (neither syncs at a publish), the publish of the
+// mounts at --sync full with the loopback whose daemon fdatasyncs at
+// FLUSH (both on disk when close(2) returns), the core with the
+// goqite-style queue (both in process).
+
+// turnSystem is one system of the interleaved step: its name, the
+// phases it runs, and how to run them for one round and client count.
+type turnSystem struct {
+	name string
+	ops  []opKind
+	run  func(ctx context.Context, label string, c, k int, ops []opKind, rec recorder) error
+}
+
+// interleavedSystems are the step's systems, in their order in a
+// round's rotation: the references, then each transport's mounts.
+func (s *suite) interleavedSystems(loopbackBin string) []turnSystem {
+	publishOnly := []opKind{opPublish}
+	loopback := func(sync bool) func(context.Context, string, int, int, []opKind, recorder) error {
+		return func(ctx context.Context, label string, c, k int, ops []opKind, rec recorder) error {
+			return s.loopbackTurn(ctx, loopbackBin, sync, label, c, k, ops, rec)
+		}
+	}
+	systems := []turnSystem{
+		{sysLoopback, allOps, loopback(false)},
+		{sysLoopbackSync, publishOnly, loopback(true)},
+		{sysGoqite, allOps, s.goqiteTurn},
+		{sysInproc("sqlite", "normal"), allOps, s.coreTurn},
+	}
+	for _, t := range s.transports {
+		for _, sync := range []string{"normal", "full"} {
+			ops := allOps
+			if sync == "full" {
+				// Only the publish syncs at --sync full; the goals
+				// compare it alone.
+				ops = publishOnly
+			}
+			for _, store := range []string{"sqlite", "fs"} {
+				spec := s.spec(store, sync, t)
+				systems = append(systems, turnSystem{sysMount(store, sync, t), ops,
+					func(ctx context.Context, label string, c, k int, ops []opKind, rec recorder) error {
+						return s.mountTurn(ctx, spec, label, c, k, ops, rec)
+					}})
+			}
+		}
+	}
+	return systems
+}
 
 // interleaveAccum adds up one system's operation over the rounds.
 type interleaveAccum struct {
-	ops          int
-	wall         time.Duration
-	lat          latencies
-	cpuUS        float64
-	others       float64
-	requests     float64 // total
-	haveRequests bool
+	ops            int
+	wall           time.Duration
+	lat            latencies
+	cpuUS          float64
+	others         float64
+	requests       float64 // total
+	haveRequests   bool
+	daemonCPU      time.Duration
+	daemonSwitches int64
+	rounds         []float64 // ops/s of each round
 }
 
 func (s *suite) runInterleaved(ctx context.Context) error {
-	// The mounts at --sync normal are not in the goals: they show, in the
-	// same run, the mounts without the sync at close, as the loopback and
-	// goqite-style (synchronous=NORMAL) run, so the part of a goal's gap
-	// that is the disk's fsync can be told from the daemon's.
-	systems := []string{sysLoopback, sysMount("sqlite", goalSync), sysGoqite, sysMount("fs", goalSync), sysInproc("sqlite", "normal"), sysMount("sqlite", "normal"), sysMount("fs", "normal")}
-	k, rounds := s.cfg.interleaveMessages, s.cfg.interleaveRounds
+	k, rounds := s.cfg.interleaveMessages, s.cfg.rounds
 	bin, err := buildLoopback(ctx, s.root, s.b.work)
 	if err != nil {
 		return err
 	}
+	systems := s.interleavedSystems(bin)
 	type key struct {
 		system, op string
 		clients    int
@@ -60,103 +103,137 @@ func (s *suite) runInterleaved(ctx context.Context) error {
 				acc[key] = a
 				order = append(order, key)
 			}
-			n := len(m.phase.lat)
-			a.ops += n
-			a.wall += m.phase.wall
-			a.lat = append(a.lat, m.phase.lat...)
-			a.cpuUS += (m.cpu.ClientUSPerOp + m.cpu.DaemonUSPerOp) * float64(n)
-			a.others += m.cpu.OthersShare * m.phase.wall.Seconds()
-			if m.counts != nil {
-				a.requests += float64(m.counts.Requests["total"])
-				a.haveRequests = true
-			}
+			a.add(m)
 		}
 	}
 	for round := range rounds {
 		for _, c := range s.cfg.clients {
 			for i := range systems {
-				system := systems[(i+round)%len(systems)]
-				if err := s.interleaveOne(ctx, bin, system, round, c, k, rec(system)); err != nil {
-					return fmt.Errorf("%s, round %d, %d client(s): %w", system, round+1, c, err)
+				sys := systems[(i+round)%len(systems)]
+				label := fmt.Sprintf("il-r%d-c%d", round, c)
+				if err := sys.run(ctx, label, c, k, sys.ops, rec(sys.name)); err != nil {
+					return fmt.Errorf("%s, round %d, %d client(s): %w", sys.name, round+1, c, err)
 				}
 			}
 		}
+		s.logf("interleaved: round %d of %d done", round+1, rounds)
 	}
 	for _, key := range order {
-		a := acc[key]
-		system, op, c := key.system, key.op, key.clients
-		sum := a.lat.summary()
-		r := row{System: system, Op: op, Clients: c, Ops: a.ops, Seconds: round2(a.wall.Seconds()), OpsPerSec: opsPerSec(a.ops, a.wall),
-			P50US: sum.P50US, P99US: sum.P99US, CPUSecPer10k: round4(a.cpuUS / float64(max(a.ops, 1)) * 1e4 / 1e6),
-			OthersShare: round2(a.others / max(a.wall.Seconds(), 1e-9)), RequestsPerOp: -1, FsyncsPerOp: -1}
-		if a.haveRequests {
-			r.RequestsPerOp = round2(a.requests / float64(max(a.ops, 1)))
-		}
-		s.res.Interleaved = append(s.res.Interleaved, r)
+		s.res.Interleaved = append(s.res.Interleaved, acc[key].row(key.system, key.op, key.clients))
 	}
-	s.note(fmt.Sprintf("goal ratios between the mounts (sqlite/%s and fs/%s, the daemon's default options), the loopback, the goqite-style queue and the core come from the interleaved step: %d rounds of %d messages per operation and client count, the %d systems in a rotating order, each round on new directories, stores and daemons; the mounts at --sync normal take their turns too, for comparison (no goal: they show the mounts without the sync at close, like the loopback and goqite-style)", goalSync, goalSync, rounds, k, len(systems)))
+	var names []string
+	for _, sys := range systems {
+		names = append(names, sys.name)
+	}
+	s.note(fmt.Sprintf("goal ratios come from the interleaved step: %d rounds of %d messages per operation and client count; in each round the %d systems take turns (%s), in an order that rotates by one from round to round, each round on new directories, stores and daemons; a goal is the median of its rounds' ratios, and a system's ops/s in the table the median of its rounds'; the mounts at --sync full and the loopback that fdatasyncs at flush run the publish only", rounds, k, len(systems), strings.Join(names, "; ")))
 	return nil
 }
 
-// interleaveOne runs one system's round.
-func (s *suite) interleaveOne(ctx context.Context, loopbackBin, system string, round, c, k int, rec recorder) error {
-	label := fmt.Sprintf("il-r%d-c%d", round, c)
-	switch system {
-	case sysLoopback:
-		dir, err := s.newWorkDir("loopback-" + label)
-		if err != nil {
-			return err
-		}
-		d, err := startLoopback(loopbackBin, dir, s.cfg.cacheTimeout)
-		if err != nil {
-			return err
-		}
-		s.b.atExit(func() { d.stop() })
-		inbox, processing := filepath.Join(d.mnt, "inbox"), filepath.Join(d.mnt, "processing")
-		for _, p := range []string{inbox, processing} {
-			if err := unix.Mkdir(p, 0o755); err != nil {
-				return err
-			}
-		}
-		if err := s.runFuseOps(ctx, d, inbox, processing, c, k, "il", rec); err != nil {
-			return err
-		}
-		return d.stop()
-	case sysMount("sqlite", goalSync), sysMount("fs", goalSync), sysMount("sqlite", "normal"), sysMount("fs", "normal"):
-		store, sync, _ := strings.Cut(strings.TrimPrefix(system, "mount "), "/")
-		d, err := s.b.mount(mountSpec{backend: store, sync: sync, cacheTimeout: s.cfg.cacheTimeout}, label)
-		if err != nil {
-			return err
-		}
-		qdir := filepath.Join(d.mnt, "il")
-		if err := setupQueue(qdir); err != nil {
-			return err
-		}
-		if err := s.runFuseOps(ctx, d, filepath.Join(qdir, "inbox"), filepath.Join(qdir, "processing"), c, k, "il", rec); err != nil {
-			return err
-		}
-		return d.stop()
-	case sysGoqite:
-		dir, err := s.newWorkDir("goqite-" + label)
-		if err != nil {
-			return err
-		}
-		g, err := openGoqite(ctx, dir)
-		if err != nil {
-			return err
-		}
-		defer g.Close()
-		return s.runGoqitePhases(ctx, g, k, c, rec)
-	case sysInproc("sqlite", "normal"):
-		core, closeCore, err := s.openInproc(ctx, "inproc-"+label, queuecore.SyncNormal)
-		if err != nil {
-			return err
-		}
-		err = s.runQueuecore(ctx, core, "il", k, c, rec)
-		if cerr := closeCore(); err == nil {
-			err = cerr
-		}
+// add adds one round's phase.
+func (a *interleaveAccum) add(m measured) {
+	n := len(m.phase.lat)
+	a.ops += n
+	a.wall += m.phase.wall
+	a.lat = append(a.lat, m.phase.lat...)
+	a.cpuUS += (m.cpu.ClientUSPerOp + m.cpu.DaemonUSPerOp) * float64(n)
+	a.others += m.cpu.OthersShare * m.phase.wall.Seconds()
+	a.daemonCPU += m.cpu.daemonCPU
+	a.daemonSwitches += m.cpu.daemonSwitches
+	a.rounds = append(a.rounds, opsPerSec(n, m.phase.wall))
+	if m.counts != nil {
+		a.requests += float64(m.counts.Requests["total"])
+		a.haveRequests = true
+	}
+}
+
+// row is the accumulated system's row: ops/s the median of the rounds',
+// latencies, CPU and requests over all rounds together (the daemon's
+// CPU is counted in 10 ms ticks: a round's phase holds a few of them,
+// all rounds together enough).
+func (a *interleaveAccum) row(system, op string, c int) row {
+	sum := a.lat.summary()
+	ops := float64(max(a.ops, 1))
+	med, _ := median(a.rounds)
+	r := row{System: system, Op: op, Clients: c, Ops: a.ops, Seconds: round2(a.wall.Seconds()), OpsPerSec: round1(med),
+		P50US: sum.P50US, P99US: sum.P99US, CPUSecPer10k: round4(a.cpuUS / ops * 1e4 / 1e6),
+		DaemonCPUUS: round1(float64(a.daemonCPU) / 1e3 / ops), DaemonSwitchesPerOp: round2(float64(a.daemonSwitches) / ops),
+		OthersShare: round2(a.others / max(a.wall.Seconds(), 1e-9)), RequestsPerOp: -1, FsyncsPerOp: -1,
+		RoundOpsPerSec: a.rounds}
+	if a.haveRequests {
+		r.RequestsPerOp = round2(a.requests / ops)
+	}
+	return r
+}
+
+// loopbackTurn runs a round of the go-fuse loopback (syncAtFlush: the
+// one whose daemon fdatasyncs at FLUSH) on a new directory.
+func (s *suite) loopbackTurn(ctx context.Context, bin string, syncAtFlush bool, label string, c, k int, ops []opKind, rec recorder) error {
+	name := "loopback-"
+	if syncAtFlush {
+		name = "loopback-sync-"
+	}
+	dir, err := s.newWorkDir(name + label)
+	if err != nil {
 		return err
 	}
-	return fmt.Errorf("no interleaved run for %s", system)
+	d, err := startLoopback(bin, dir, s.cfg.cacheTimeout, syncAtFlush)
+	if err != nil {
+		return err
+	}
+	s.b.current = d
+	s.b.atExit(func() { d.stop() })
+	inbox, processing := filepath.Join(d.mnt, "inbox"), filepath.Join(d.mnt, "processing")
+	for _, p := range []string{inbox, processing} {
+		if err := unix.Mkdir(p, 0o755); err != nil {
+			return err
+		}
+	}
+	if err := s.runFusePhases(ctx, d, inbox, processing, c, k, "il", ops, rec); err != nil {
+		return err
+	}
+	return d.stop()
+}
+
+// mountTurn runs a round of a yirangmq mount on a new store and daemon.
+func (s *suite) mountTurn(ctx context.Context, spec mountSpec, label string, c, k int, ops []opKind, rec recorder) error {
+	d, err := s.b.mount(spec, label)
+	if err != nil {
+		return err
+	}
+	qdir := filepath.Join(d.mnt, "il")
+	if err := setupQueue(qdir); err != nil {
+		return err
+	}
+	if err := s.runFusePhases(ctx, d, filepath.Join(qdir, "inbox"), filepath.Join(qdir, "processing"), c, k, "il", ops, rec); err != nil {
+		return err
+	}
+	return d.stop()
+}
+
+// goqiteTurn runs a round of the goqite-style queue on a new database.
+func (s *suite) goqiteTurn(ctx context.Context, label string, c, k int, _ []opKind, rec recorder) error {
+	dir, err := s.newWorkDir("goqite-" + label)
+	if err != nil {
+		return err
+	}
+	g, err := openGoqite(ctx, dir)
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+	return s.runGoqitePhases(ctx, g, k, c, rec)
+}
+
+// coreTurn runs a round of the queue core in process on a new sqlite
+// store at --sync normal.
+func (s *suite) coreTurn(ctx context.Context, label string, c, k int, _ []opKind, rec recorder) error {
+	core, closeCore, err := s.openInproc(ctx, "inproc-"+label, queuecore.SyncNormal)
+	if err != nil {
+		return err
+	}
+	err = s.runQueuecore(ctx, core, "il", k, c, rec)
+	if cerr := closeCore(); err == nil {
+		err = cerr
+	}
+	return err
 }

@@ -45,6 +45,9 @@ type latencyRow struct {
 	// StealPct is the share of the machine's CPU time the hypervisor took
 	// during the paced load (/proc/stat), which delays every thread.
 	StealPct float64 `json:"steal_pct"`
+	// RoundP99US is each round's p99 (the quantiles above are over all
+	// rounds' samples together).
+	RoundP99US []float64 `json:"round_p99_us,omitempty"`
 }
 
 // reference is the system name of the plain-directory row run at the
@@ -107,84 +110,160 @@ func (s *suite) runLatency(ctx context.Context) error {
 		return nil
 	}
 	c := slices.Max(s.cfg.clients)
-	for _, store := range []string{"sqlite", "fs"} {
-		system := sysMount(store, goalSync)
-		// The steps before leave the page cache dirty (the loopback's
-		// 1 MiB files are never synced: about 320 MiB), and the kernel
-		// writes it back over the next seconds, under this step's fsyncs.
-		// Each store starts on a written-back disk, untimed.
-		t0 := time.Now()
-		unix.Sync()
-		s.logf("%s: sync(2) before the latency step: %.0f ms", system, time.Since(t0).Seconds()*1000)
-		d, err := s.b.mount(mountSpec{backend: store, sync: goalSync, cacheTimeout: s.cfg.cacheTimeout}, "latency")
-		if err != nil {
-			return err
-		}
-		qdir := filepath.Join(d.mnt, "lat")
-		if err := setupQueue(qdir); err != nil {
-			return err
-		}
-		q := queueDirs{inbox: filepath.Join(qdir, "inbox"), processing: filepath.Join(qdir, "processing")}
-		if _, err := runPhase(ctx, q, opRoundTrip, "lat-warmup", s.cfg.warmup, 1); err != nil {
-			return fmt.Errorf("%s: warm-up: %w", system, err)
-		}
-		peak, err := runPhase(ctx, q, opRoundTrip, "lat-peak", s.cfg.latencyPeak, c)
-		if err != nil {
-			return fmt.Errorf("%s: peak: %w", system, err)
-		}
-		peakRate := opsPerSec(len(peak.lat), peak.wall)
-		if peakRate <= 0 {
-			return fmt.Errorf("%s: no peak rate", system)
-		}
-		paced := peakRate / 2
-		mountRow := latencyRow{System: system, Clients: c, PeakRTPerS: peakRate, PacedRTPerS: round1(paced)}
-		if err := s.runPacedRows(ctx, q, mountRow); err != nil {
-			return fmt.Errorf("%s: paced load: %w", system, err)
-		}
-		if err := d.stop(); err != nil {
-			return err
-		}
-		// The same pace on a plain directory of the same disk, each
-		// publish synced before its close: what the disk and the machine
-		// give a durable publish without the queue.
-		root := filepath.Join(s.b.work, "latency-plain-"+store)
-		pq := queueDirs{inbox: filepath.Join(root, "inbox"), processing: filepath.Join(root, "processing"), syncAtClose: true}
-		for _, dir := range []string{pq.inbox, pq.processing} {
-			if err := os.MkdirAll(dir, 0o755); err != nil {
+	for _, t := range s.transports {
+		for _, store := range []string{"sqlite", "fs"} {
+			if err := s.latencyOf(ctx, store, t, c); err != nil {
 				return err
 			}
 		}
-		ref := mountRow
-		ref.System = mountRow.reference()
-		if err := s.runPacedRows(ctx, pq, ref); err != nil {
-			return fmt.Errorf("%s: paced load: %w", ref.System, err)
-		}
 	}
-	s.note(fmt.Sprintf("latency under load: per store at --sync %s, a new daemon, %d clients, after a sync(2) (untimed) that writes back what earlier steps left dirty; the peak is %d round trips as fast as they go, then %s of round trips paced at half of it (each client on a fixed timetable, never skipping a slot), each operation timed on its own; then the same pace on a plain directory of the same disk whose publish fdatasyncs the file before close(2) (what --sync full promises; its lease and ack sync nothing, as the mount's): the disk's and the machine's own tail; CPU steal is the hypervisor's share of the machine's CPU time during each paced load (/proc/stat)", goalSync, c, s.cfg.latencyPeak, s.cfg.latencyLength))
+	s.note(fmt.Sprintf("latency under load: per transport and store at --sync %s, a new daemon, %d clients, after a sync(2) (untimed) that writes back what earlier steps left dirty; the peak is %d round trips as fast as they go, then %s of round trips paced at half of it (each client on a fixed timetable, never skipping a slot), each operation timed on its own, in %d rounds that alternate with the same pace on a plain directory of the same disk (a new one each round) whose publish fdatasyncs the file before close(2) (what --sync full promises; its lease and ack sync nothing, as the mount's): the disk's and the machine's own tail; the publish goal is the median of the rounds' p99 ratios, the quantiles in the table over all rounds' samples; CPU steal is the hypervisor's share of the machine's CPU time during the paced loads (/proc/stat)", goalSync, c, s.cfg.latencyPeak, s.cfg.latencyLength, s.cfg.rounds))
 	return nil
 }
 
-// runPacedRows runs the paced load at row's pace on q and adds a row per
-// operation, from row's system, clients and rates.
-func (s *suite) runPacedRows(ctx context.Context, q queueDirs, row latencyRow) error {
+// latencyOf measures one store and transport: its peak, then the rounds
+// of paced load, the mount's and the plain directory's taking turns
+// (which goes first alternates).
+func (s *suite) latencyOf(ctx context.Context, store, transport string, c int) error {
+	system := sysMount(store, goalSync, transport)
+	// The steps before leave the page cache dirty (the loopback's 1 MiB
+	// files are never synced: about 320 MiB), and the kernel writes it
+	// back over the next seconds, under this step's fsyncs. Each store
+	// starts on a written-back disk, untimed.
+	t0 := time.Now()
+	unix.Sync()
+	s.logf("%s: sync(2) before the latency step: %.0f ms", system, time.Since(t0).Seconds()*1000)
+	d, err := s.b.mount(s.spec(store, goalSync, transport), "latency")
+	if err != nil {
+		return err
+	}
+	qdir := filepath.Join(d.mnt, "lat")
+	if err := setupQueue(qdir); err != nil {
+		return err
+	}
+	q := queueDirs{inbox: filepath.Join(qdir, "inbox"), processing: filepath.Join(qdir, "processing")}
+	if _, err := runPhase(ctx, q, opRoundTrip, "lat-warmup", s.cfg.warmup, 1); err != nil {
+		return fmt.Errorf("%s: warm-up: %w", system, err)
+	}
+	peak, err := runPhase(ctx, q, opRoundTrip, "lat-peak", s.cfg.latencyPeak, c)
+	if err != nil {
+		return fmt.Errorf("%s: peak: %w", system, err)
+	}
+	peakRate := opsPerSec(len(peak.lat), peak.wall)
+	if peakRate <= 0 {
+		return fmt.Errorf("%s: no peak rate", system)
+	}
+	mountRow := latencyRow{System: system, Clients: c, PeakRTPerS: peakRate, PacedRTPerS: round1(peakRate / 2)}
+	ref := mountRow
+	ref.System = mountRow.reference()
+	var mountAcc, plainAcc pacedAccum
+	length := s.cfg.latencyLength / time.Duration(s.cfg.rounds)
+	for round := range s.cfg.rounds {
+		pass := fmt.Sprintf("lat-r%d", round)
+		mountTurn := func() error {
+			if err := mountAcc.run(ctx, q, pass, mountRow, length); err != nil {
+				return fmt.Errorf("%s: paced load: %w", system, err)
+			}
+			return nil
+		}
+		// The same pace on a plain directory of the same disk, each
+		// publish synced before its close: what the disk and the
+		// machine give a durable publish without the queue. A new one
+		// each round, as the mount's files are new.
+		plainTurn := func() error {
+			root, err := s.newWorkDir(fmt.Sprintf("latency-plain-%s-%s-r%d", store, transport, round))
+			if err != nil {
+				return err
+			}
+			pq := queueDirs{inbox: filepath.Join(root, "inbox"), processing: filepath.Join(root, "processing"), syncAtClose: true}
+			for _, dir := range []string{pq.inbox, pq.processing} {
+				if err := os.Mkdir(dir, 0o755); err != nil {
+					return err
+				}
+			}
+			if err := plainAcc.run(ctx, pq, pass, ref, length); err != nil {
+				return fmt.Errorf("%s: paced load: %w", ref.System, err)
+			}
+			return nil
+		}
+		turns := []func() error{mountTurn, plainTurn}
+		if round%2 == 1 {
+			turns[0], turns[1] = turns[1], turns[0]
+		}
+		for _, turn := range turns {
+			if err := turn(); err != nil {
+				return err
+			}
+		}
+	}
+	if err := d.stop(); err != nil {
+		return err
+	}
+	for _, r := range slices.Concat(mountAcc.rows(mountRow), plainAcc.rows(ref)) {
+		s.res.Latency = append(s.res.Latency, r)
+		s.logf("%-24s %-7s at %.0f of %.0f round trips/s: p50 %.0f µs p99 %.0f µs p99.9 %.0f µs (%d samples, %d late, %.0f%% CPU stolen); rounds' p99 %v",
+			r.System, r.Op, r.RTPerS, r.PeakRTPerS, r.P50US, r.P99US, r.P999US, r.Samples, r.Late, r.StealPct, r.RoundP99US)
+	}
+	return nil
+}
+
+// pacedAccum adds up the rounds of one system's paced load.
+type pacedAccum struct {
+	lat          [3]latencies // by operation (opPublish, opLease, opAck)
+	roundP99     [3][]float64
+	roundTrips   int
+	late         int
+	wall         time.Duration
+	total, steal uint64 // the machine's CPU ticks, and the stolen ones, during the loads
+}
+
+// run runs one round of paced load at row's pace on q for length.
+func (a *pacedAccum) run(ctx context.Context, q queueDirs, pass string, row latencyRow, length time.Duration) error {
 	total0, steal0 := cpuTimes()
-	res, err := runPaced(ctx, q, "lat", row.Clients, row.PacedRTPerS, s.cfg.latencyLength)
+	res, err := runPaced(ctx, q, pass, row.Clients, row.PacedRTPerS, length)
 	if err != nil {
 		return err
 	}
 	total1, steal1 := cpuTimes()
+	if total1 > total0 && steal1 >= steal0 {
+		a.addRound(res, total1-total0, steal1-steal0)
+	} else {
+		a.addRound(res, 0, 0)
+	}
+	return nil
+}
+
+// addRound adds a round's paced load, during which the machine had
+// total CPU ticks, steal of them stolen.
+func (a *pacedAccum) addRound(res pacedResult, total, steal uint64) {
+	a.total += total
+	a.steal += steal
 	for _, op := range []opKind{opPublish, opLease, opAck} {
 		l := slices.Clone(res.lat[op])
 		slices.Sort(l)
-		r := row
-		r.Op, r.RTPerS, r.Seconds, r.Samples, r.Late = op.String(), opsPerSec(res.roundTrips, res.wall), round2(res.wall.Seconds()), len(l), res.late
-		r.P50US, r.P99US, r.P999US, r.MaxUS = quantileUS(l, 0.50), quantileUS(l, 0.99), quantileUS(l, 0.999), quantileUS(l, 1)
-		r.StealPct = stealPct(total0, steal0, total1, steal1)
-		s.res.Latency = append(s.res.Latency, r)
-		s.logf("%-24s %-7s at %.0f of %.0f round trips/s: p50 %.0f µs p99 %.0f µs p99.9 %.0f µs (%d samples, %d late, %.0f%% CPU stolen)",
-			r.System, r.Op, r.RTPerS, r.PeakRTPerS, r.P50US, r.P99US, r.P999US, r.Samples, r.Late, r.StealPct)
+		a.roundP99[op] = append(a.roundP99[op], quantileUS(l, 0.99))
+		a.lat[op] = append(a.lat[op], res.lat[op]...)
 	}
-	return nil
+	a.roundTrips += res.roundTrips
+	a.late += res.late
+	a.wall += res.wall
+}
+
+// rows are the accumulated rounds' rows, one per operation, from base's
+// system, clients and rates.
+func (a *pacedAccum) rows(base latencyRow) []latencyRow {
+	var out []latencyRow
+	for _, op := range []opKind{opPublish, opLease, opAck} {
+		l := slices.Clone(a.lat[op])
+		slices.Sort(l)
+		r := base
+		r.Op, r.RTPerS, r.Seconds, r.Samples, r.Late = op.String(), opsPerSec(a.roundTrips, a.wall), round2(a.wall.Seconds()), len(l), a.late
+		r.P50US, r.P99US, r.P999US, r.MaxUS = quantileUS(l, 0.50), quantileUS(l, 0.99), quantileUS(l, 0.999), quantileUS(l, 1)
+		r.StealPct = stealPct(0, 0, a.total, a.steal)
+		r.RoundP99US = a.roundP99[op]
+		out = append(out, r)
+	}
+	return out
 }
 
 // pacedResult is what a paced load measured.

@@ -51,7 +51,7 @@ func (s *suite) runLoopback(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		d, err := startLoopback(bin, dir, s.cfg.cacheTimeout)
+		d, err := startLoopback(bin, dir, s.cfg.cacheTimeout, false)
 		if err != nil {
 			return err
 		}
@@ -85,50 +85,58 @@ func (s *suite) runLoopback(ctx context.Context) error {
 	return nil
 }
 
-// runMounts runs every store and sync mode: the operations per client
-// count on a new daemon each (the first is kept for the idle window),
-// then the .next wake-up and the lease-expiry redelivery on the last.
+// runMounts runs every transport, store and sync mode: the operations
+// per client count on a new daemon each (the first is kept for the idle
+// window), then the .next wake-up and the lease-expiry redelivery on the
+// last.
 func (s *suite) runMounts(ctx context.Context) error {
-	for _, backend := range s.cfg.backends {
-		for _, sync := range s.cfg.syncs {
-			system := sysMount(backend, sync)
-			spec := mountSpec{backend: backend, sync: sync, cacheTimeout: s.cfg.cacheTimeout}
-			if err := s.probeFloor(ctx, system, max(s.cfg.floorOps/4, 5000)); err != nil {
-				return err
-			}
-			var last *daemon
-			for i, c := range s.cfg.clients {
-				d, err := s.b.mount(spec, fmt.Sprintf("c%d", c))
-				if err != nil {
+	for _, t := range s.transports {
+		for _, backend := range s.cfg.backends {
+			for _, sync := range s.cfg.syncs {
+				if err := s.runMount(ctx, backend, sync, t); err != nil {
 					return err
 				}
-				if i == 0 {
-					time.Sleep(300 * time.Millisecond)
-					s.keep(system, d)
-				} else if err := last.stopUnlessKept(s); err != nil {
-					return err
-				}
-				last = d
-				qdir := filepath.Join(d.mnt, "bench")
-				if err := setupQueue(qdir); err != nil {
-					return err
-				}
-				if err := s.runFuseOps(ctx, d, filepath.Join(qdir, "inbox"), filepath.Join(qdir, "processing"), c, s.cfg.messages, "t", s.addTo(system)); err != nil {
-					return fmt.Errorf("%s: %w", system, err)
-				}
-			}
-			if err := s.runNextWake(ctx, system, last); err != nil {
-				return fmt.Errorf("%s: %w", system, err)
-			}
-			if err := s.runExpiry(ctx, system, last); err != nil {
-				return fmt.Errorf("%s: %w", system, err)
-			}
-			if err := last.stopUnlessKept(s); err != nil {
-				return err
 			}
 		}
 	}
 	return nil
+}
+
+// runMount is runMounts' work for one transport, store and sync mode.
+func (s *suite) runMount(ctx context.Context, backend, sync, transport string) error {
+	system := sysMount(backend, sync, transport)
+	spec := s.spec(backend, sync, transport)
+	if err := s.probeFloor(ctx, system, max(s.cfg.floorOps/4, 5000)); err != nil {
+		return err
+	}
+	var last *daemon
+	for i, c := range s.cfg.clients {
+		d, err := s.b.mount(spec, fmt.Sprintf("c%d", c))
+		if err != nil {
+			return err
+		}
+		if i == 0 {
+			time.Sleep(300 * time.Millisecond)
+			s.keep(system, d)
+		} else if err := last.stopUnlessKept(s); err != nil {
+			return err
+		}
+		last = d
+		qdir := filepath.Join(d.mnt, "bench")
+		if err := setupQueue(qdir); err != nil {
+			return err
+		}
+		if err := s.runFuseOps(ctx, d, filepath.Join(qdir, "inbox"), filepath.Join(qdir, "processing"), c, s.cfg.messages, "t", s.addTo(system)); err != nil {
+			return fmt.Errorf("%s: %w", system, err)
+		}
+	}
+	if err := s.runNextWake(ctx, system, last); err != nil {
+		return fmt.Errorf("%s: %w", system, err)
+	}
+	if err := s.runExpiry(ctx, system, last); err != nil {
+		return fmt.Errorf("%s: %w", system, err)
+	}
+	return last.stopUnlessKept(s)
 }
 
 // stopUnlessKept stops d unless it waits for the idle window.
@@ -288,13 +296,17 @@ func writeFile(path string, data []byte) error {
 }
 
 // runChurn sends many messages through a new sqlite/normal daemon
-// (round trips, 4 clients or the most asked for) and reads its RSS.
+// (round trips, 4 clients or the most asked for) and reads its RSS. It
+// serves on the last transport of the run (io_uring when both are
+// measured: the one the daemon's default, auto, picks when the kernel
+// offers it); its figure is in no goal.
 func (s *suite) runChurn(ctx context.Context) error {
 	if s.cfg.churnMessages <= 0 {
 		return nil
 	}
-	system := sysMount("sqlite", "normal")
-	d, err := s.b.mount(mountSpec{backend: "sqlite", sync: "normal", cacheTimeout: s.cfg.cacheTimeout}, "churn")
+	t := s.transports[len(s.transports)-1]
+	system := sysMount("sqlite", "normal", t)
+	d, err := s.b.mount(s.spec("sqlite", "normal", t), "churn")
 	if err != nil {
 		return err
 	}
@@ -318,17 +330,27 @@ func (s *suite) runChurn(ctx context.Context) error {
 	return nil
 }
 
-// runScale fills a new sqlite store with many ready messages in process
-// (Core.Publish from 8 goroutines: group commit), mounts it, reads the
-// daemon's RSS, and compares round trips through the mount on that
-// queue with round trips on an empty queue of the same daemon,
-// alternated in four rounds.
+// runScale runs scaleOn for each transport, each on a store of its own.
 func (s *suite) runScale(ctx context.Context) error {
 	if s.cfg.ready <= 0 {
 		return nil
 	}
-	system := sysMount("sqlite", "normal")
-	dir, err := s.newWorkDir("scale")
+	for _, t := range s.transports {
+		if err := s.scaleOn(ctx, t); err != nil {
+			return fmt.Errorf("%s: %w", t, err)
+		}
+	}
+	return nil
+}
+
+// scaleOn fills a new sqlite store with many ready messages in process
+// (Core.Publish from 8 goroutines: group commit), mounts it on
+// transport, reads the daemon's RSS, and compares round trips through
+// the mount on that queue with round trips on an empty queue of the same
+// daemon, alternated in four rounds.
+func (s *suite) scaleOn(ctx context.Context, transport string) error {
+	system := sysMount("sqlite", "normal", transport)
+	dir, err := s.newWorkDir("scale-" + transport)
 	if err != nil {
 		return err
 	}
@@ -339,7 +361,7 @@ func (s *suite) runScale(ctx context.Context) error {
 	fill := time.Since(t0)
 	s.logf("filled %d ready messages in %.1f s", s.cfg.ready, fill.Seconds())
 	t0 = time.Now()
-	d, err := startDaemon(s.b.cfg.bin, dir, mountSpec{backend: "sqlite", sync: "normal", cacheTimeout: s.cfg.cacheTimeout})
+	d, err := startDaemon(s.b.cfg.bin, dir, s.spec("sqlite", "normal", transport))
 	if err != nil {
 		return err
 	}
@@ -352,7 +374,7 @@ func (s *suite) runScale(ctx context.Context) error {
 	})
 	time.Sleep(300 * time.Millisecond)
 	l := s.keep(fmt.Sprintf("%s, %s ready", system, countName(s.cfg.ready)), d)
-	sc := &scaleResult{System: system, Ready: s.cfg.ready, FillSeconds: round1(fill.Seconds()), MountSeconds: round2(mounted.Seconds()), RSSMiB: l.rss.total,
+	sc := scaleResult{System: system, Transport: transport, Ready: s.cfg.ready, FillSeconds: round1(fill.Seconds()), MountSeconds: round2(mounted.Seconds()), RSSMiB: l.rss.total,
 		How: "published in process into the store before mounting (queuecore.Core.Publish, 8 goroutines)"}
 	queues := map[string]queueDirs{}
 	for _, name := range []string{"big", "empty"} {
@@ -380,7 +402,7 @@ func (s *suite) runScale(ctx context.Context) error {
 		sc.Ratio = round2(sc.FullRTPerS / sc.EmptyRTPerS)
 	}
 	sc.RSSAfterMiB = procRSSMiB(d.pid())
-	s.res.Scale = sc
+	s.res.Scales = append(s.res.Scales, sc)
 	s.logf("%d ready: RSS %.1f MiB; round trips %.0f/s vs %.0f/s empty (%.2f×)", sc.Ready, sc.RSSMiB, sc.FullRTPerS, sc.EmptyRTPerS, sc.Ratio)
 	return nil
 }

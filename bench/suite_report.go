@@ -14,6 +14,9 @@ import (
 func (r *suiteResults) report(w io.Writer) {
 	fmt.Fprintf(w, "\n# yirangmq benchmark suite (%s mode, %d-byte messages; %s; kernel %s, %d CPUs; %s)\n",
 		r.Mode, r.MessageBytes, r.Filesystem, r.Kernel, r.CPUs, r.Started)
+	if r.Rounds > 0 { // a run from before issue 42 recorded neither
+		fmt.Fprintf(w, "\nThe daemon's transports: %s; %d rounds in the steps whose systems take turns.\n", strings.Join(r.transportList(), ", "), r.Rounds)
+	}
 
 	fmt.Fprintln(w, "\n## Throughput, messages per second")
 	fmt.Fprintln(w, "\n| system | clients | publish | lease | ack | round trip | round trip p50 µs | CPU s per 10k round trips |")
@@ -60,23 +63,33 @@ func (r *suiteResults) report(w io.Writer) {
 	}
 	if len(r.Big) > 0 {
 		fmt.Fprintln(w, "\n## 1 MiB messages (MiB/s, taking turns; bytes counted at the client)")
-		fmt.Fprintln(w, "\n| system | clients | op | messages | MiB/s | p50 ms | p99 ms | ÷ loopback |")
-		fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
+		fmt.Fprintln(w, "\n| system | clients | op | messages | MiB/s | rounds' MiB/s | p50 ms | p99 ms | ÷ loopback (median of the rounds' ratios) |")
+		fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|")
 		for _, x := range r.Big {
 			rel := "—"
-			if l, ok := r.findBig(sysLoopback, x.Op); ok && l.MiBPerSec > 0 {
-				rel = fmt.Sprintf("%.2f", x.MiBPerSec/l.MiBPerSec)
+			if l, ok := r.findBig(sysLoopback, x.Op); ok && x.System != sysLoopback {
+				if v, ok := medianRatio(x.RoundMiBPerSec, l.RoundMiBPerSec); ok {
+					rel = fmt.Sprintf("%.2f", v)
+				}
 			}
-			fmt.Fprintf(w, "| %s | %d | %s | %d | %.1f | %.2f | %.2f | %s |\n", x.System, x.Clients, x.Op, x.Messages, x.MiBPerSec, x.P50MS, x.P99MS, rel)
+			var rounds []string
+			for _, v := range x.RoundMiBPerSec {
+				rounds = append(rounds, fmt.Sprintf("%.0f", v))
+			}
+			fmt.Fprintf(w, "| %s | %d | %s | %d | %.1f | %s | %.2f | %.2f | %s |\n", x.System, x.Clients, x.Op, x.Messages, x.MiBPerSec, strings.Join(rounds, ", "), x.P50MS, x.P99MS, rel)
 		}
 	}
 	if len(r.Latency) > 0 {
 		fmt.Fprintln(w, "\n## Latency at half of peak throughput (round trips paced on a timetable; each operation timed on its own)")
-		fmt.Fprintln(w, "\n| system | clients | op | peak round trips/s | paced at | achieved | samples | late starts | p50 µs | p99 µs | p99.9 µs | max µs | CPU steal |")
-		fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+		fmt.Fprintln(w, "\n| system | clients | op | peak round trips/s | paced at | achieved | samples | late starts | p50 µs | p99 µs | p99.9 µs | max µs | rounds' p99 µs | CPU steal |")
+		fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 		for _, x := range r.Latency {
-			fmt.Fprintf(w, "| %s | %d | %s | %.0f | %.0f | %.0f | %d | %d | %.0f | %.0f | %.0f | %.0f | %.0f%% |\n", x.System, x.Clients, x.Op,
-				x.PeakRTPerS, x.PacedRTPerS, x.RTPerS, x.Samples, x.Late, x.P50US, x.P99US, x.P999US, x.MaxUS, x.StealPct)
+			var rounds []string
+			for _, v := range x.RoundP99US {
+				rounds = append(rounds, fmt.Sprintf("%.0f", v))
+			}
+			fmt.Fprintf(w, "| %s | %d | %s | %.0f | %.0f | %.0f | %d | %d | %.0f | %.0f | %.0f | %.0f | %s | %.0f%% |\n", x.System, x.Clients, x.Op,
+				x.PeakRTPerS, x.PacedRTPerS, x.RTPerS, x.Samples, x.Late, x.P50US, x.P99US, x.P999US, x.MaxUS, strings.Join(rounds, ", "), x.StealPct)
 		}
 	}
 	if len(r.Wake) > 0 {
@@ -116,7 +129,7 @@ func (r *suiteResults) report(w io.Writer) {
 		fmt.Fprintf(w, "\n%s after %d messages published and consumed (round trips, %d clients): RSS %.1f MiB (%.1f before); %.0f round trips/s, %s CPU s per 10k.\n",
 			c.System, c.Messages, c.Clients, c.RSSAfterMiB, c.RSSBeforeMiB, c.OpsPerSec, cpuCell(c.CPUSecPer10k))
 	}
-	if s := r.Scale; s != nil {
+	for _, s := range r.Scales {
 		fmt.Fprintf(w, "\n%s with %d ready messages (%s, %.1f s; mount ready in %.2f s): RSS %.1f MiB after mount, %.1f MiB after the round trips; round trips through the mount, 1 client, %d per queue alternated: %.0f/s with the queue full, %.0f/s on an empty queue of the same daemon: %.2f×.\n",
 			s.System, s.Ready, s.How, s.FillSeconds, s.MountSeconds, s.RSSMiB, s.RSSAfterMiB, s.RoundTrips, s.FullRTPerS, s.EmptyRTPerS, s.Ratio)
 	}
@@ -133,55 +146,100 @@ func (r *suiteResults) report(w io.Writer) {
 	fmt.Fprintf(w, "\nRun: %.0f s, load average before %s, after %s. FUSE requests counted by %s.\n", r.Seconds, r.LoadBefore, r.LoadAfter, r.CountSource)
 }
 
-// reportInterleaved prints the interleaved step: each system's ops/s, and
-// each mount's ratios to the loopback and goqite-style.
+// reportInterleaved prints the interleaved step: each system's ops/s
+// (the median of its rounds', and the rounds'), and its ratio to what
+// its goals compare it with (the median of the rounds' ratios).
 func (r *suiteResults) reportInterleaved(w io.Writer) {
-	var systems, mounts []string
+	var systems []string
 	for _, x := range r.Interleaved {
 		if !slices.Contains(systems, x.System) {
 			systems = append(systems, x.System)
 		}
 	}
 	slices.SortStableFunc(systems, func(a, b string) int { return systemRank(a) - systemRank(b) })
-	for _, sys := range systems {
-		if strings.HasPrefix(sys, "mount ") {
-			mounts = append(mounts, sys)
-		}
-	}
-	inproc := sysInproc("sqlite", "normal")
-	head := []string{"op", "clients"}
-	head = append(head, systems...)
-	for _, m := range mounts {
-		head = append(head, m+" ÷ loopback", m+" ÷ goqite")
-	}
-	head = append(head, "queuecore ÷ goqite")
-	fmt.Fprintln(w, "\n## The goals' systems again, taking turns (ops/s; the goals' ratios)")
-	fmt.Fprintf(w, "\n| %s |\n|%s\n", strings.Join(head, " | "), strings.Repeat("---|", len(head)))
-	div := func(a, b row, okA, okB bool) string {
-		if !okA || !okB || b.OpsPerSec <= 0 || a.OpsPerSec <= 0 {
-			return "—"
-		}
-		return fmt.Sprintf("%.2f", a.OpsPerSec/b.OpsPerSec)
-	}
+	fmt.Fprintf(w, "\n## The goals' systems again, taking turns (ops/s, median of %d rounds; the goals' ratios, median of the rounds' ratios)\n", r.Rounds)
+	fmt.Fprintln(w, "\n| op | clients | system | ops/s | rounds' ops/s | ÷ | compared with | daemon CPU µs/op | daemon context switches/op | FUSE req/op |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
 	for _, op := range suiteOps {
 		for _, c := range r.clientCounts() {
-			cells := []string{op, fmt.Sprint(c)}
 			for _, sys := range systems {
-				cell := "—"
-				if x, ok := findIn(r.Interleaved, sys, op, c); ok {
-					cell = fmt.Sprintf("%.0f", x.OpsPerSec)
+				x, ok := findIn(r.Interleaved, sys, op, c)
+				if !ok {
+					continue
 				}
-				cells = append(cells, cell)
+				ratio, ref := "—", interleavedRef(sys, op)
+				if ref != "" {
+					if v, ok, _ := r.interleavedRatio(sys, ref, op, c); ok {
+						ratio = fmt.Sprintf("%.2f", v)
+					}
+				} else {
+					ref = "—"
+				}
+				var rounds []string
+				for _, v := range x.RoundOpsPerSec {
+					rounds = append(rounds, fmt.Sprintf("%.0f", v))
+				}
+				fmt.Fprintf(w, "| %s | %d | %s | %.0f | %s | %s | %s | %s | %s | %s |\n", op, c, sys, x.OpsPerSec, strings.Join(rounds, ", "), ratio, ref,
+					dash(x.DaemonCPUUS), dash(x.DaemonSwitchesPerOp), num(x.RequestsPerOp))
 			}
-			l, okL := findIn(r.Interleaved, sysLoopback, op, c)
-			g, okG := findIn(r.Interleaved, sysGoqite, op, c)
-			for _, sys := range mounts {
-				m, okM := findIn(r.Interleaved, sys, op, c)
-				cells = append(cells, div(m, l, okM, okL), div(m, g, okM, okG))
+		}
+	}
+}
+
+// interleavedRef is what a system of the interleaved step is compared
+// with for op ("" for nothing).
+func interleavedRef(system, op string) string {
+	switch {
+	case system == sysInproc("sqlite", "normal"):
+		return sysGoqite
+	case strings.HasPrefix(system, "mount ") && strings.Contains(system, "/normal"):
+		return sysLoopback
+	case strings.HasPrefix(system, "mount ") && op == "publish":
+		return sysLoopbackSync
+	}
+	return ""
+}
+
+// reportCost prints the goals' reported rows (cmp "report"): the
+// daemon's CPU and context switches per operation, the systems side by
+// side, each cell with the previous run's value when there was one.
+func (r *suiteResults) reportCost(w io.Writer) {
+	var report []goal
+	for _, g := range r.Goals {
+		if g.Cmp == "report" {
+			report = append(report, g)
+		}
+	}
+	if len(report) == 0 {
+		return
+	}
+	byName := map[string]goal{}
+	for _, g := range report {
+		byName[g.Name] = g
+	}
+	systems := r.costSystems()
+	fmt.Fprint(w, "\nReported, no target: the daemon's time on a CPU (all threads, /proc/PID/task/*/schedstat) and context switches (voluntary and not, all threads) per operation, from the interleaved step's rounds together")
+	if r.Previous != nil {
+		fmt.Fprint(w, " (in brackets: the previous run's)")
+	}
+	fmt.Fprintf(w, ".\n\n| per operation | clients | %s |\n|---|---|%s\n", strings.Join(systems, " | "), strings.Repeat("---|", len(systems)))
+	for _, what := range []string{"CPU", "context switches"} {
+		for _, op := range []string{"publish", "lease", "ack"} {
+			for _, c := range r.clientCounts() {
+				cells := []string{fmt.Sprintf("daemon %s per %s", what, op), fmt.Sprint(c)}
+				for _, sys := range systems {
+					g, ok := byName[costGoalName(what, op, c, sys)]
+					cell := "—"
+					if ok && !g.Missing {
+						cell = fmt.Sprintf("%.2f %s", g.Value, g.Unit)
+					}
+					if ok && g.HavePrev {
+						cell += fmt.Sprintf(" (%.2f)", g.PrevValue)
+					}
+					cells = append(cells, cell)
+				}
+				fmt.Fprintf(w, "| %s |\n", strings.Join(cells, " | "))
 			}
-			q, okQ := findIn(r.Interleaved, inproc, op, c)
-			cells = append(cells, div(q, g, okQ, okG))
-			fmt.Fprintf(w, "| %s |\n", strings.Join(cells, " | "))
 		}
 	}
 }
@@ -200,7 +258,10 @@ func (r *suiteResults) reportGoals(w io.Writer) {
 	}
 	regressed := 0
 	for _, g := range r.Goals {
-		cmp := map[string]string{">=": "≥", "<": "<"}[g.Cmp]
+		if g.Cmp == "report" {
+			continue
+		}
+		cmp := map[string]string{">=": "≥", "<=": "≤", "<": "<"}[g.Cmp]
 		val, met := fmt.Sprintf("%.2f %s", g.Value, g.Unit), "not met"
 		switch {
 		case g.Missing:
@@ -237,6 +298,7 @@ func (r *suiteResults) reportGoals(w io.Writer) {
 	if regressed > 0 {
 		fmt.Fprintf(w, "\n%d goal(s) met in the previous run are not met in this one.\n", regressed)
 	}
+	r.reportCost(w)
 }
 
 // readResults reads a suite's JSON.
@@ -312,17 +374,34 @@ func reportMain(args []string) int {
 	return 0
 }
 
+// marshal is the run's JSON, indented.
+func (r *suiteResults) marshal() ([]byte, error) {
+	data, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(data, '\n'), nil
+}
+
+// writeJSON writes the run's JSON to path.
+func (r *suiteResults) writeJSON(path string) error {
+	data, err := r.marshal()
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, data, 0o644)
+}
+
 // writeFiles writes the JSON and the chart: bench-STAMP.{json,png} and
 // bench-latest.{json,png} in dir. It returns the paths written.
 func (r *suiteResults) writeFiles(dir, stamp string) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	data, err := json.MarshalIndent(r, "", "  ")
+	data, err := r.marshal()
 	if err != nil {
 		return nil, err
 	}
-	data = append(data, '\n')
 	png, err := r.chartPNG()
 	if err != nil {
 		return nil, fmt.Errorf("chart: %w", err)

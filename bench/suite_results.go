@@ -18,14 +18,37 @@ const (
 	// fdatasyncs its file before close, at a store's paced rate.
 	sysPlainSyncClose = "plain dir, fdatasync at close"
 	sysLoopback       = "go-fuse loopback"
-	sysGoqite         = "goqite-style"
-	sysMQueue         = "POSIX mqueue"
+	// sysLoopbackSync is the loopback whose daemon fdatasyncs a written
+	// file at FLUSH (loopbackd --sync-at-flush): close(2) returns with
+	// the bytes on disk, as a publish on a --sync full mount.
+	sysLoopbackSync = "go-fuse loopback, fdatasync at flush"
+	sysGoqite       = "goqite-style"
+	sysMQueue       = "POSIX mqueue"
 )
 
-func sysMount(store, sync string) string { return "mount " + store + "/" + sync }
+// sysMount names a yirangmq mount: "mount sqlite/normal (uring)". An
+// empty transport leaves the tag out (the names of runs from before the
+// suite measured both transports).
+func sysMount(store, sync, transport string) string {
+	name := "mount " + store + "/" + sync
+	if transport != "" {
+		name += " (" + transport + ")"
+	}
+	return name
+}
 
-// goalSync is the sync mode of the issue-14 goals: the daemon's default
-// (yirangmq mount --sync full), as its users run it.
+// withoutTransport drops the transport tags of a system or goal name:
+// the name the same row had in a run of one transport.
+func withoutTransport(name string) string {
+	for _, t := range []string{transportClassic, transportUring} {
+		name = strings.ReplaceAll(name, " ("+t+")", "")
+	}
+	return name
+}
+
+// goalSync is the sync mode of the mounts in the latency and 1 MiB
+// goals: the daemon's default (yirangmq mount --sync full), as its users
+// run it.
 const goalSync = "full"
 
 func sysInproc(store, sync string) string { return "queuecore " + store + "/" + sync }
@@ -49,18 +72,22 @@ type suiteResults struct {
 	MessageBytes int     `json:"message_bytes"`
 	CacheTimeout string  `json:"cache_timeout"`
 	CountSource  string  `json:"requests_counted_by"`
+	// Transports are the daemon's transports the run measured (classic,
+	// uring); Rounds the rounds of the steps whose systems take turns.
+	Transports []string `json:"transports"`
+	Rounds     int      `json:"rounds"`
 
 	Floor []floorProbe `json:"floor"`
 	Rows  []row        `json:"rows"`
-	// Interleaved are the goals' systems (and the mounts at --sync
-	// normal, for comparison) measured again taking turns
-	// (suite_interleaved.go); the goals' ratios use them when present.
+	// Interleaved are the goals' systems measured again taking turns,
+	// round after round (suite_interleaved.go): the goals' ratios are
+	// the medians of their rounds' ratios.
 	Interleaved []row         `json:"interleaved"`
 	Wake        []wakeRow     `json:"wakeup"`
 	Expiry      []expiryRow   `json:"expiry"`
 	Resources   []resourceRow `json:"resources"`
 	Churn       *churnResult  `json:"churn,omitempty"`
-	Scale       *scaleResult  `json:"scale,omitempty"`
+	Scales      []scaleResult `json:"scales"` // one per transport
 	Big         []bigRow      `json:"big_messages"`
 	Latency     []latencyRow  `json:"latency"`
 	Goals       []goal        `json:"goals"`
@@ -96,6 +123,12 @@ type row struct {
 	Requests      map[string]float64 `json:"fuse_requests_by_opcode_per_op,omitempty"`
 	FsyncsPerOp   float64            `json:"fsyncs_per_op"` // on the store's files; -1: not counted
 	OthersShare   float64            `json:"others_cpu_share"`
+	// DaemonSwitchesPerOp is the daemon's context switches (voluntary
+	// and not, all threads) per operation.
+	DaemonSwitchesPerOp float64 `json:"daemon_switches_per_op,omitempty"`
+	// RoundOpsPerSec is each round's ops/s, in the interleaved step
+	// (whose OpsPerSec is their median).
+	RoundOpsPerSec []float64 `json:"round_ops_per_sec,omitempty"`
 
 	// XPlain is how many times the plain directory's time (no fsync,
 	// same op and clients) this operation takes: plain ops/s ÷ ops/s.
@@ -163,6 +196,7 @@ type churnResult struct {
 // scaleResult: a daemon on a store with many ready messages.
 type scaleResult struct {
 	System       string  `json:"system"`
+	Transport    string  `json:"transport"`
 	Ready        int     `json:"ready"`
 	How          string  `json:"how"`
 	FillSeconds  float64 `json:"fill_seconds"`
@@ -180,7 +214,7 @@ type goal struct {
 	Name    string  `json:"name"`
 	Value   float64 `json:"value"`
 	Unit    string  `json:"unit"`
-	Cmp     string  `json:"cmp"` // ">=" or "<"
+	Cmp     string  `json:"cmp"` // ">=", "<=", "<", or "report" (no target: shown, never met)
 	Target  float64 `json:"target"`
 	Met     bool    `json:"met"`
 	Missing bool    `json:"missing,omitempty"` // not measured in this run
@@ -188,8 +222,8 @@ type goal struct {
 
 	// The same goal in the previous run, when it had it: its value and
 	// whether it was met. PrevAs names the goal it was measured as when
-	// that was another sync mode's row (the goals of issue 6 were at
-	// sqlite/normal). Regressed: met then, not met now.
+	// the previous run had it under another name (without the transport:
+	// a run of one transport). Regressed: met then, not met now.
 	HavePrev  bool    `json:"have_previous,omitempty"`
 	PrevValue float64 `json:"previous_value,omitempty"`
 	PrevMet   bool    `json:"previous_met,omitempty"`
@@ -257,7 +291,15 @@ func isMount(system string) bool {
 // computeRatios fills in each row's comparisons with the plain
 // directory and the FUSE floor, and each wake-up's.
 func (r *suiteResults) computeRatios() {
-	ref := sysMount("sqlite", "normal")
+	// The requests of an operation off a mount: the sqlite/normal
+	// mount's (the first transport's).
+	ref := ""
+	for _, x := range r.Rows {
+		if strings.HasPrefix(x.System, sysMount("sqlite", "normal", "")) {
+			ref = x.System
+			break
+		}
+	}
 	for i := range r.Rows {
 		x := &r.Rows[i]
 		x.XPlain, x.XPlainFsync, x.FloorRefUS, x.XFloor = 0, 0, 0, 0
@@ -310,7 +352,79 @@ func (r *suiteResults) computeRatios() {
 	}
 }
 
-// computeGoals compares the run with the issue's goals.
+// Goal targets (issue 42): the mount at --sync normal against the
+// go-fuse loopback (which syncs nothing), per transport; at --sync full
+// against the loopback that syncs at FLUSH; the durable publish's tail
+// against a plain directory's at the same pace.
+const (
+	targetNormalClassic = 1.0 // ≥, mount ÷ loopback on the classic transport
+	targetNormalUring   = 1.3 // ≥, on io_uring: faster than any classic FUSE server here
+	targetFullSync      = 1.0 // ≥, --sync full publish ÷ loopback with fdatasync at flush
+	targetP99Plain      = 1.5 // ≤, publish p99 ÷ a plain directory's with fdatasync at close
+)
+
+// median is the median of xs (the mean of the middle two for an even
+// count); false for none.
+func median(xs []float64) (float64, bool) {
+	if len(xs) == 0 {
+		return 0, false
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2], true
+	}
+	return (s[n/2-1] + s[n/2]) / 2, true
+}
+
+// medianRatio is the median over rounds of a[i] ÷ b[i]: the two
+// systems' figures of the same round, measured minutes apart at most,
+// so a drift of the machine moves both. Rounds where either figure is
+// missing (not positive) are left out; false if the lists differ in
+// length or no round is left.
+func medianRatio(a, b []float64) (float64, bool) {
+	if len(a) != len(b) {
+		return 0, false
+	}
+	var ratios []float64
+	for i := range a {
+		if a[i] > 0 && b[i] > 0 {
+			ratios = append(ratios, a[i]/b[i])
+		}
+	}
+	return median(ratios)
+}
+
+// interleavedRatio is the goal value of system a against b for op and
+// clients: the median of their rounds' ops/s ratios in the interleaved
+// step, and how many rounds it rests on.
+func (r *suiteResults) interleavedRatio(a, b, op string, c int) (float64, bool, string) {
+	ra, okA := findIn(r.Interleaved, a, op, c)
+	rb, okB := findIn(r.Interleaved, b, op, c)
+	if !okA || !okB {
+		return 0, false, ""
+	}
+	v, ok := medianRatio(ra.RoundOpsPerSec, rb.RoundOpsPerSec)
+	if !ok {
+		return 0, false, ""
+	}
+	return v, true, fmt.Sprintf("median of %d rounds", len(ra.RoundOpsPerSec))
+}
+
+// transportList is the run's transports; a run from before they were
+// recorded measured one, taken as classic.
+func (r *suiteResults) transportList() []string {
+	if len(r.Transports) == 0 {
+		return []string{transportClassic}
+	}
+	return r.Transports
+}
+
+// computeGoals compares the run with the issue's goals. Every ratio
+// between two systems is the median of the rounds' ratios of a step
+// whose systems take turns; a goal whose step did not run is "not
+// measured".
 func (r *suiteResults) computeGoals() []goal {
 	var gs []goal
 	add := func(name string, value float64, ok bool, unit, cmp string, target float64, note string) {
@@ -320,132 +434,165 @@ func (r *suiteResults) computeGoals() []goal {
 			switch cmp {
 			case ">=":
 				g.Met = value >= target
+			case "<=":
+				g.Met = value <= target
 			case "<":
 				g.Met = value < target
 			}
 		}
 		gs = append(gs, g)
 	}
-	ratio := func(a, b row, okA, okB bool) (float64, bool) {
-		if !okA || !okB || b.OpsPerSec <= 0 {
-			return 0, false
-		}
-		return a.OpsPerSec / b.OpsPerSec, true
-	}
 	clients := r.clientCounts()
-	// pair finds two systems' rows for a ratio: from the interleaved step
-	// when it has both, else from the main tables.
-	pair := func(a, b, op string, c int) (float64, bool, string) {
-		ra, okA := findIn(r.Interleaved, a, op, c)
-		rb, okB := findIn(r.Interleaved, b, op, c)
-		if okA && okB {
-			v, ok := ratio(ra, rb, true, true)
-			return v, ok, "interleaved"
+	transports := r.transportList()
+	stores := []string{"sqlite", "fs"}
+	// Like with like: --sync normal syncs nothing at a publish, nor does
+	// the loopback.
+	for _, t := range transports {
+		target := targetNormalClassic
+		if t == transportUring {
+			target = targetNormalUring
 		}
-		ra, okA = r.findRow(a, op, c)
-		rb, okB = r.findRow(b, op, c)
-		v, ok := ratio(ra, rb, okA, okB)
-		return v, ok, ""
-	}
-	// Issue 14: the mounts at the daemon's default options against the
-	// loopback and goqite-style, on both stores.
-	for _, store := range []string{"sqlite", "fs"} {
-		m := sysMount(store, goalSync)
-		for _, op := range suiteOps {
-			for _, c := range clients {
-				v, ok, note := pair(m, sysLoopback, op, c)
-				add(fmt.Sprintf("%s %s, %d client(s) ÷ loopback", m, op, c), v, ok, "×", ">=", 1, note)
+		for _, store := range stores {
+			m := sysMount(store, "normal", t)
+			for _, op := range suiteOps {
+				for _, c := range clients {
+					v, ok, note := r.interleavedRatio(m, sysLoopback, op, c)
+					add(fmt.Sprintf("%s %s, %d client(s) ÷ loopback", m, op, c), v, ok, "×", ">=", target, note)
+				}
 			}
 		}
 	}
-	for _, store := range []string{"sqlite", "fs"} {
-		m := sysMount(store, goalSync)
-		for _, c := range []struct {
-			n      int
-			target float64
-		}{{4, 1}, {1, 0.5}} {
-			v, ok, note := pair(m, sysGoqite, "roundtrip", c.n)
-			add(fmt.Sprintf("%s round trip, %d client(s) ÷ goqite-style", m, c.n), v, ok, "×", ">=", c.target, note)
+	// --sync full: the message on disk when close(2) returns, on both
+	// sides.
+	for _, t := range transports {
+		for _, store := range stores {
+			m := sysMount(store, "full", t)
+			for _, c := range clients {
+				v, ok, note := r.interleavedRatio(m, sysLoopbackSync, "publish", c)
+				add(fmt.Sprintf("%s publish, %d client(s) ÷ loopback with fdatasync at flush", m, c), v, ok, "×", ">=", targetFullSync, note)
+			}
+		}
+	}
+	// The durable publish's tail at half of peak against the disk's own
+	// (a plain directory, fdatasync at close, same pace, rounds taking
+	// turns); lease and ack against fixed bounds.
+	for _, t := range transports {
+		for _, store := range stores {
+			m := sysMount(store, goalSync, t)
+			l, ok := r.findLatency(m, "publish")
+			plain, okP := r.findLatency(l.reference(), "publish")
+			v, okR := medianRatio(l.RoundP99US, plain.RoundP99US)
+			note := ""
+			if ok && okP {
+				note = fmt.Sprintf("median of %d rounds; all rounds: p99 %.2f ms against %.2f ms; %d clients at %.0f of %.0f round trips/s, CPU steal %.0f%%",
+					len(l.RoundP99US), l.P99US/1000, plain.P99US/1000, l.Clients, l.RTPerS, l.PeakRTPerS, l.StealPct)
+			}
+			add(fmt.Sprintf("%s publish p99 at half of peak ÷ plain dir with fdatasync at close", m), v, ok && okP && okR, "×", "<=", targetP99Plain, note)
+			for _, op := range []string{"lease", "ack"} {
+				l, ok := r.findLatency(m, op)
+				note := ""
+				if ok {
+					note = fmt.Sprintf("all rounds: %d samples, %d clients at %.0f of %.0f round trips/s, CPU steal %.0f%%", l.Samples, l.Clients, l.RTPerS, l.PeakRTPerS, l.StealPct)
+				}
+				add(fmt.Sprintf("%s %s p99 at half of peak", m, op), l.P99US/1000, ok, "ms", "<", 2, note)
+				add(fmt.Sprintf("%s %s p99.9 at half of peak", m, op), l.P999US/1000, ok, "ms", "<", 10, note)
+			}
 		}
 	}
 	for _, c := range clients {
-		v, ok, note := pair(sysInproc("sqlite", "normal"), sysGoqite, "roundtrip", c)
+		v, ok, note := r.interleavedRatio(sysInproc("sqlite", "normal"), sysGoqite, "roundtrip", c)
 		add(fmt.Sprintf("queuecore sqlite/normal in process round trip, %d client(s) ÷ goqite-style", c), v, ok, "×", ">=", 2, note)
 	}
-	for _, store := range []string{"sqlite", "fs"} {
-		m := sysMount(store, goalSync)
-		for _, op := range []string{"publish", "read"} {
-			mb, okM := r.findBig(m, op)
-			lb, okL := r.findBig(sysLoopback, op)
-			ok := okM && okL && lb.MiBPerSec > 0
-			v := 0.0
-			if ok {
-				v = mb.MiBPerSec / lb.MiBPerSec
-			}
+	for _, t := range transports {
+		for _, store := range stores {
+			v, ok, note := r.interleavedRatio(sysMount(store, "full", t), sysMount(store, "normal", t), "publish", 4)
+			add(fmt.Sprintf("mount %s (%s) publish, 4 clients, full ÷ normal", store, t), v, ok, "×", ">=", 0.5, note)
+		}
+	}
+	for _, t := range transports {
+		for _, store := range stores {
+			m := sysMount(store, goalSync, t)
+			mb, okM := r.findBig(m, "read")
+			lb, okL := r.findBig(sysLoopback, "read")
+			v, ok := medianRatio(mb.RoundMiBPerSec, lb.RoundMiBPerSec)
 			note := ""
-			if okM {
-				note = fmt.Sprintf("%d clients, %.0f vs %.0f MiB/s", mb.Clients, mb.MiBPerSec, lb.MiBPerSec)
+			if okM && okL {
+				note = fmt.Sprintf("median of %d rounds, %d clients; all rounds: %.0f vs %.0f MiB/s", len(mb.RoundMiBPerSec), mb.Clients, mb.MiBPerSec, lb.MiBPerSec)
 			}
-			add(fmt.Sprintf("%s 1 MiB %s bandwidth ÷ loopback", m, op), v, ok, "×", ">=", 0.8, note)
+			add(fmt.Sprintf("%s 1 MiB read bandwidth ÷ loopback", m), v, ok && okM && okL, "×", ">=", 0.8, note)
 		}
 	}
-	for _, store := range []string{"sqlite", "fs"} {
-		m := sysMount(store, goalSync)
-		for _, op := range []string{"publish", "lease", "ack"} {
-			l, ok := r.findLatency(m, op)
-			note, plain, hasPlain := "", latencyRow{}, false
-			if ok {
-				note = fmt.Sprintf("%d clients at %.0f of %.0f round trips/s, %d samples, CPU steal %.0f%%", l.Clients, l.RTPerS, l.PeakRTPerS, l.Samples, l.StealPct)
-				// The disk's own tail for a durable publish at this pace.
-				plain, hasPlain = r.findLatency(l.reference(), op)
-				hasPlain = hasPlain && op == "publish"
-			}
-			withPlain := func(us float64) string {
-				if !hasPlain {
-					return note
-				}
-				return fmt.Sprintf("%s; a plain directory, fdatasync at close, same pace: %.2f ms", note, us/1000)
-			}
-			add(fmt.Sprintf("%s %s p99 at half of peak", m, op), l.P99US/1000, ok, "ms", "<", 2, withPlain(plain.P99US))
-			add(fmt.Sprintf("%s %s p99.9 at half of peak", m, op), l.P999US/1000, ok, "ms", "<", 10, withPlain(plain.P999US))
+	for _, t := range transports {
+		for _, store := range stores {
+			sys := sysMount(store, "normal", t)
+			w, ok := r.findWake(sys)
+			add(sys+" .next wake-up p50", w.P50US/1000, ok, "ms", "<", 1, "")
+			add(sys+" .next wake-up p99", w.P99US/1000, ok, "ms", "<", 5, "")
 		}
 	}
-	for _, store := range []string{"sqlite", "fs"} {
-		// From the interleaved step, which has the normal mounts too: in
-		// one run the main tables, measured minutes apart, gave 0.48
-		// where the interleaved step gave 0.69.
-		v, ok, note := pair(sysMount(store, "full"), sysMount(store, "normal"), "publish", 4)
-		add(fmt.Sprintf("mount %s publish, 4 clients, full ÷ normal", store), v, ok, "×", ">=", 0.5, note)
+	for _, t := range transports {
+		for _, store := range stores {
+			sys := sysMount(store, "normal", t)
+			e, ok := r.findExpiry(sys)
+			add(sys+" lease-expiry redelivery (max)", e.MaxMS, ok && e.Samples > 0, "ms", "<", 100, fmt.Sprintf("%d samples, p50 %.1f ms", e.Samples, e.P50MS))
+		}
 	}
-	for _, store := range []string{"sqlite", "fs"} {
-		sys := sysMount(store, "normal")
-		w, ok := r.findWake(sys)
-		add(sys+" .next wake-up p50", w.P50US/1000, ok, "ms", "<", 1, "")
-		add(sys+" .next wake-up p99", w.P99US/1000, ok, "ms", "<", 5, "")
+	for _, t := range transports {
+		for _, store := range stores {
+			sys := sysMount(store, "normal", t)
+			res, ok := r.findResource(sys)
+			add(sys+" idle RSS after mount", res.RSSIdleMiB, ok && res.RSSIdleMiB > 0, "MiB", "<", 20, "")
+			add(sys+" idle wakeups", res.WakeupsPerSec, ok && res.IdleSeconds > 0, "/s", "<", 1, fmt.Sprintf("over %.0f s", res.IdleSeconds))
+		}
 	}
-	for _, store := range []string{"sqlite", "fs"} {
-		sys := sysMount(store, "normal")
-		e, ok := r.findExpiry(sys)
-		add(sys+" lease-expiry redelivery (max)", e.MaxMS, ok && e.Samples > 0, "ms", "<", 100, fmt.Sprintf("%d samples, p50 %.1f ms", e.Samples, e.P50MS))
-	}
-	for _, store := range []string{"sqlite", "fs"} {
-		sys := sysMount(store, "normal")
-		res, ok := r.findResource(sys)
-		add(sys+" idle RSS after mount", res.RSSIdleMiB, ok && res.RSSIdleMiB > 0, "MiB", "<", 20, "")
-		add(sys+" idle wakeups", res.WakeupsPerSec, ok && res.IdleSeconds > 0, "/s", "<", 1, fmt.Sprintf("over %.0f s", res.IdleSeconds))
-	}
-	if s := r.Scale; s != nil {
-		note := ""
-		if s.Ready < 1_000_000 {
+	for _, t := range transports {
+		s, ok := r.findScale(t)
+		note, ready := "", countName(s.Ready)
+		if !ok {
+			ready = "1M"
+		} else if s.Ready < 1_000_000 {
 			note = fmt.Sprintf("measured with %d ready, not 1M (make bench BENCH_MILLION=1)", s.Ready)
 		}
-		add(fmt.Sprintf("daemon RSS with %s ready", countName(s.Ready)), s.RSSMiB, s.RSSMiB > 0, "MiB", "<", 64, note)
-		add(fmt.Sprintf("mount round trip with %s ready ÷ empty queue", countName(s.Ready)), s.Ratio, s.Ratio > 0, "×", ">=", 0.8, note)
-	} else {
-		add("daemon RSS with 1M ready", 0, false, "MiB", "<", 64, "")
-		add("mount round trip with 1M ready ÷ empty queue", 0, false, "×", ">=", 0.8, "")
+		add(fmt.Sprintf("daemon RSS with %s ready (%s)", ready, t), s.RSSMiB, ok && s.RSSMiB > 0, "MiB", "<", 64, note)
+		add(fmt.Sprintf("mount round trip with %s ready ÷ empty queue (%s)", ready, t), s.Ratio, ok && s.Ratio > 0, "×", ">=", 0.8, note)
+	}
+	gs = append(gs, r.costGoals()...)
+	return gs
+}
+
+// costSystems are the systems whose daemon's CPU and context switches
+// per operation the goals report: the loopback and the mounts at --sync
+// normal, which sync nothing either.
+func (r *suiteResults) costSystems() []string {
+	systems := []string{sysLoopback}
+	for _, t := range r.transportList() {
+		for _, store := range []string{"sqlite", "fs"} {
+			systems = append(systems, sysMount(store, "normal", t))
+		}
+	}
+	return systems
+}
+
+// costGoals are the reported rows (no target): the daemon's CPU time
+// and context switches per publish, lease and ack, from the interleaved
+// step's rounds together.
+func (r *suiteResults) costGoals() []goal {
+	var gs []goal
+	for _, op := range []string{"publish", "lease", "ack"} {
+		for _, c := range r.clientCounts() {
+			for _, sys := range r.costSystems() {
+				x, ok := findIn(r.Interleaved, sys, op, c)
+				gs = append(gs,
+					goal{Name: costGoalName("CPU", op, c, sys), Value: x.DaemonCPUUS, Unit: "µs/op", Cmp: "report", Missing: !ok},
+					goal{Name: costGoalName("context switches", op, c, sys), Value: x.DaemonSwitchesPerOp, Unit: "/op", Cmp: "report", Missing: !ok})
+			}
+		}
 	}
 	return gs
+}
+
+func costGoalName(what, op string, c int, system string) string {
+	return fmt.Sprintf("daemon %s per %s, %d client(s): %s", what, op, c, system)
 }
 
 func (r *suiteResults) clientCounts() []int {
@@ -481,8 +628,8 @@ func (r *suiteResults) findLatency(system, op string) (latencyRow, bool) {
 
 // comparePrevious sets each goal's previous value from prev, the run read
 // from file. A goal the previous run did not have by its name is looked
-// up as the same row of the other sync mode (the goals of issue 6 were
-// measured at sqlite/normal).
+// up without its transport tags: the same row of a run that measured one
+// transport (the runs before both were measured, or an old build's).
 func (r *suiteResults) comparePrevious(prev *suiteResults, file string) {
 	r.Previous = &previousRun{File: file, Started: prev.Started, Mode: prev.Mode}
 	byName := map[string]goal{}
@@ -495,7 +642,7 @@ func (r *suiteResults) comparePrevious(prev *suiteResults, file string) {
 		g := &r.Goals[i]
 		p, ok := byName[g.Name]
 		if !ok {
-			alias := strings.Replace(g.Name, "/"+goalSync+" ", "/normal ", 1)
+			alias := withoutTransport(g.Name)
 			if p, ok = byName[alias]; ok {
 				g.PrevAs = alias
 			}
@@ -524,6 +671,15 @@ func (r *suiteResults) findExpiry(system string) (expiryRow, bool) {
 		}
 	}
 	return expiryRow{}, false
+}
+
+func (r *suiteResults) findScale(transport string) (scaleResult, bool) {
+	for _, x := range r.Scales {
+		if x.Transport == transport {
+			return x, true
+		}
+	}
+	return scaleResult{}, false
 }
 
 func (r *suiteResults) findResource(system string) (resourceRow, bool) {
@@ -559,7 +715,7 @@ func systemRank(s string) int {
 		return 3
 	case strings.HasPrefix(s, "queuecore "):
 		return 4
-	case s == sysLoopback:
+	case s == sysLoopback || s == sysLoopbackSync:
 		return 5
 	}
 	return 6

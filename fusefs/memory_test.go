@@ -1,7 +1,6 @@
 package fusefs_test
 
 import (
-	"bufio"
 	"errors"
 	"os"
 	"path/filepath"
@@ -14,28 +13,6 @@ import (
 
 	"yirangmq/testenv"
 )
-
-// metric reads one value of MOUNT/.metrics.
-func metric(t *testing.T, d *testenv.Daemon, name string) int64 {
-	t.Helper()
-	f, err := os.Open(d.Path(".metrics"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
-			n, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatalf("%s: %v", name, err)
-			}
-			return int64(n)
-		}
-	}
-	t.Fatalf("no %s in .metrics", name)
-	return 0
-}
 
 // The kernel keeps an inode for every message it has seen; past
 // --max-message-inodes the daemon asks it to forget the least recently
@@ -51,7 +28,7 @@ func TestPrunerBoundsMessageInodes(t *testing.T) {
 			t.Fatalf("cat inbox/* | wc -l = %q, want %d", got, n)
 		}
 		waitInodes(t, d, limit)
-		if p := metric(t, d, "yirangmq_pruned_inodes_total"); p < n-limit {
+		if p := d.Metric(t, "yirangmq_pruned_inodes_total"); p < n-limit {
 			t.Errorf("pruned %d inodes, want at least %d", p, n-limit)
 		}
 		// Every message once more: stat, lease, read, ack.
@@ -132,7 +109,7 @@ func TestNoPrunerKeepsMessageInodes(t *testing.T) {
 	q := mkq(t, d, "q", "")
 	testenv.MustSh(t, q, `i=0; while [ $i -lt `+strconv.Itoa(n)+` ]; do i=$((i+1)); echo "body $i" > inbox/m$i; done; cat inbox/* > /dev/null`)
 	time.Sleep(1500 * time.Millisecond) // a pruner would have run by now
-	if got := metric(t, d, "yirangmq_message_inodes"); got < n {
+	if got := d.Metric(t, "yirangmq_message_inodes"); got < n {
 		t.Errorf("yirangmq_message_inodes = %d with no limit, want at least %d", got, n)
 	}
 }
@@ -157,7 +134,7 @@ func waitInodes(t *testing.T, d *testenv.Daemon, limit int64) {
 	t.Helper()
 	var got int64
 	if !testenv.RetryUntil(15*time.Second, func() bool {
-		got = metric(t, d, "yirangmq_message_inodes")
+		got = d.Metric(t, "yirangmq_message_inodes")
 		return got <= limit
 	}) {
 		t.Fatalf("yirangmq_message_inodes = %d after 15 s, limit %d", got, limit)
@@ -194,7 +171,7 @@ func TestMemoryBudgetRefusesNewMessages(t *testing.T) {
 	if got := stat(t, q, "ready"); got != ready {
 		t.Errorf("ready went from %v to %v with every publish refused", ready, got)
 	}
-	if metric(t, d, "yirangmq_memory_full") != 1 {
+	if d.Metric(t, "yirangmq_memory_full") != 1 {
 		t.Error("yirangmq_memory_full is not 1")
 	}
 	// Reading and consuming still work.
@@ -218,8 +195,8 @@ func TestMemoryBudgetRefusesNewMessages(t *testing.T) {
 func TestMemoryWatcherParksAndWakes(t *testing.T) {
 	d := testenv.StartDaemon(t, testenv.DaemonOptions{Args: []string{"--memory-budget", "48MiB"}})
 	q := mkq(t, d, "q", `{"maxMessageBytes": 4194304}`)
-	if !testenv.RetryUntil(15*time.Second, func() bool { return metric(t, d, "yirangmq_memory_watch_parked") == 1 }) {
-		t.Fatalf("the memory watcher of an idle daemon did not park in 15 s (RSS %d of a 48 MiB budget)", metric(t, d, "yirangmq_rss_bytes"))
+	if !testenv.RetryUntil(15*time.Second, func() bool { return d.Metric(t, "yirangmq_memory_watch_parked") == 1 }) {
+		t.Fatalf("the memory watcher of an idle daemon did not park in 15 s (RSS %d of a 48 MiB budget)", d.Metric(t, "yirangmq_rss_bytes"))
 	}
 	// Drafts of 4 MiB, held open, until a create is refused: at most 15
 	// (60 MiB, under the per-uid draft limit of 64 MiB).
@@ -242,9 +219,9 @@ func TestMemoryWatcherParksAndWakes(t *testing.T) {
 	}
 	if !isErrno(refused, syscall.ENOSPC) {
 		t.Fatalf("creates with drafts past the budget: %v, want ENOSPC (RSS %d, parked %d)",
-			refused, metric(t, d, "yirangmq_rss_bytes"), metric(t, d, "yirangmq_memory_watch_parked"))
+			refused, d.Metric(t, "yirangmq_rss_bytes"), d.Metric(t, "yirangmq_memory_watch_parked"))
 	}
-	if metric(t, d, "yirangmq_memory_watch_parked") != 0 {
+	if d.Metric(t, "yirangmq_memory_watch_parked") != 0 {
 		t.Error("the memory watcher is parked while the daemon is at its budget")
 	}
 }
@@ -259,8 +236,8 @@ func TestMemoryWatcherWakesOnDraftGrowth(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if !testenv.RetryUntil(15*time.Second, func() bool { return metric(t, d, "yirangmq_memory_watch_parked") == 1 }) {
-		t.Fatalf("the memory watcher of an idle daemon did not park in 15 s (RSS %d of a 48 MiB budget)", metric(t, d, "yirangmq_rss_bytes"))
+	if !testenv.RetryUntil(15*time.Second, func() bool { return d.Metric(t, "yirangmq_memory_watch_parked") == 1 }) {
+		t.Fatalf("the memory watcher of an idle daemon did not park in 15 s (RSS %d of a 48 MiB budget)", d.Metric(t, "yirangmq_rss_bytes"))
 	}
 	block := make([]byte, 4<<20)
 	for i := range block {
@@ -271,11 +248,11 @@ func TestMemoryWatcherWakesOnDraftGrowth(t *testing.T) {
 		if _, err := f.Write(block); err != nil {
 			t.Fatalf("write %d: %v", i, err)
 		}
-		full = testenv.RetryUntil(600*time.Millisecond, func() bool { return metric(t, d, "yirangmq_memory_full") == 1 })
+		full = testenv.RetryUntil(600*time.Millisecond, func() bool { return d.Metric(t, "yirangmq_memory_full") == 1 })
 	}
 	if !full {
 		t.Fatalf("a draft grew past the budget and the daemon is not at its full level (RSS %d, parked %d)",
-			metric(t, d, "yirangmq_rss_bytes"), metric(t, d, "yirangmq_memory_watch_parked"))
+			d.Metric(t, "yirangmq_rss_bytes"), d.Metric(t, "yirangmq_memory_watch_parked"))
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -198,6 +199,28 @@ func (d *Daemon) Pid() int { return d.cmd.Process.Pid }
 // Path joins elements to the mountpoint.
 func (d *Daemon) Path(elem ...string) string {
 	return filepath.Join(append([]string{d.Mountpoint}, elem...)...)
+}
+
+// Metric reads one value of MOUNT/.metrics.
+func (d *Daemon) Metric(t testing.TB, name string) int64 {
+	t.Helper()
+	f, err := os.Open(d.Path(".metrics"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+			n, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			return int64(n)
+		}
+	}
+	t.Fatalf("no %s in .metrics", name)
+	return 0
 }
 
 // Stop sends SIGTERM and waits for a clean unmount; past 10 s it kills the

@@ -3,7 +3,14 @@
 // the price of FUSE itself, for `mountbench suite`. It is a binary of its
 // own so that its memory and CPU are go-fuse's alone.
 //
-//	loopbackd [--cache-timeout 1s] BACKING MOUNTPOINT
+//	loopbackd [--cache-timeout 1s] [--sync-at-flush] BACKING MOUNTPOINT
+//
+// With --sync-at-flush a file opened for writing is fdatasynced at each
+// FLUSH, before the FLUSH is answered: close(2) of a new file returns once
+// its bytes are on disk, which is what yirangmq's --sync full promises a
+// publisher, through the same FUSE requests (the daemon commits at
+// FLUSH). A client's own fdatasync before close would add an FSYNC
+// request that a publisher on the queue's mount does not send.
 //
 // It writes "ready\n" to the descriptor named by $YIRANGMQ_READY_FD once
 // the mount serves (the daemon's handshake), and unmounts on SIGTERM or
@@ -11,6 +18,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -34,12 +42,19 @@ const readyFDEnv = "YIRANGMQ_READY_FD"
 
 func main() {
 	timeout := flag.Duration("cache-timeout", time.Second, "entry, attribute and negative entry timeout")
+	syncAtFlush := flag.Bool("sync-at-flush", false, "fdatasync a file opened for writing at each FLUSH, before answering it")
 	flag.Parse()
 	if flag.NArg() != 2 {
-		fmt.Fprintln(os.Stderr, "usage: loopbackd [--cache-timeout 1s] BACKING MOUNTPOINT")
+		fmt.Fprintln(os.Stderr, "usage: loopbackd [--cache-timeout 1s] [--sync-at-flush] BACKING MOUNTPOINT")
 		os.Exit(2)
 	}
-	root, err := fs.NewLoopbackRoot(flag.Arg(0))
+	var root fs.InodeEmbedder
+	var err error
+	if *syncAtFlush {
+		root, err = newSyncRoot(flag.Arg(0))
+	} else {
+		root, err = fs.NewLoopbackRoot(flag.Arg(0))
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "loopbackd:", err)
 		os.Exit(1)
@@ -83,4 +98,80 @@ func main() {
 		os.Unsetenv(readyFDEnv)
 	}
 	server.Wait()
+}
+
+// syncNode is a loopback node whose files opened for writing sync at
+// FLUSH. It wraps the nodes the loopback creates under it
+// (NodeWrapChilder), so every directory and file of the mount is one.
+type syncNode struct {
+	fs.LoopbackNode
+}
+
+// newSyncRoot is fs.NewLoopbackRoot with a syncNode as the root.
+func newSyncRoot(path string) (fs.InodeEmbedder, error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return nil, err
+	}
+	data := &fs.LoopbackRoot{Path: path, Dev: uint64(st.Dev)}
+	root := &syncNode{fs.LoopbackNode{RootData: data}}
+	data.RootNode = root
+	return root, nil
+}
+
+var (
+	_ fs.NodeWrapChilder = (*syncNode)(nil)
+	_ fs.NodeCreater     = (*syncNode)(nil)
+	_ fs.NodeOpener      = (*syncNode)(nil)
+)
+
+func (n *syncNode) WrapChild(ctx context.Context, ops fs.InodeEmbedder) fs.InodeEmbedder {
+	if ln, ok := ops.(*fs.LoopbackNode); ok {
+		return &syncNode{fs.LoopbackNode{RootData: ln.RootData}}
+	}
+	return ops
+}
+
+func (n *syncNode) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	ch, fh, fuseFlags, errno := n.LoopbackNode.Create(ctx, name, flags, mode, out)
+	if errno == 0 {
+		fh = wrapSync(fh)
+	}
+	return ch, fh, fuseFlags, errno
+}
+
+func (n *syncNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	fh, fuseFlags, errno := n.LoopbackNode.Open(ctx, flags)
+	if errno == 0 && flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		fh = wrapSync(fh)
+	}
+	return fh, fuseFlags, errno
+}
+
+// syncFile is a loopback file that fdatasyncs at FLUSH. Embedding the
+// *fs.LoopbackFile keeps its other methods (read, write, passthrough).
+type syncFile struct {
+	*fs.LoopbackFile
+}
+
+func wrapSync(fh fs.FileHandle) fs.FileHandle {
+	if lf, ok := fh.(*fs.LoopbackFile); ok {
+		return &syncFile{lf}
+	}
+	return fh
+}
+
+var _ fs.FileFlusher = (*syncFile)(nil)
+
+func (f *syncFile) Flush(ctx context.Context) syscall.Errno {
+	// The descriptor stays open until RELEASE, which the kernel sends
+	// after the last FLUSH.
+	fd, ok := f.PassthroughFd()
+	if !ok {
+		return syscall.EBADF
+	}
+	if err := syscall.Fdatasync(fd); err != nil {
+		return fs.ToErrno(err)
+	}
+	return f.LoopbackFile.Flush(ctx)
 }

@@ -1,12 +1,10 @@
 package membound
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -14,28 +12,6 @@ import (
 
 	"yirangmq/testenv"
 )
-
-// metric reads one value of MOUNT/.metrics.
-func metric(t *testing.T, d *testenv.Daemon, name string) int64 {
-	t.Helper()
-	f, err := os.Open(d.Path(".metrics"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
-			n, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatalf("%s: %v", name, err)
-			}
-			return int64(n)
-		}
-	}
-	t.Fatalf("no %s in .metrics", name)
-	return 0
-}
 
 // The memory budget follows a cgroup limit set or lowered while the
 // daemon runs (systemctl set-property MemoryMax=): issue 40 saw a daemon
@@ -57,7 +33,7 @@ func TestBudgetFollowsTheCgroupLimit(t *testing.T) {
 	defer cg.Remove()
 	d := testenv.StartDaemon(t, testenv.DaemonOptions{Sync: "normal", Wrap: cg.Wrap()})
 	t.Cleanup(func() { _ = d.Stop() }) // before cg.Remove
-	if b := metric(t, d, "yirangmq_memory_budget_bytes"); b != 0 {
+	if b := d.Metric(t, "yirangmq_memory_budget_bytes"); b != 0 {
 		t.Fatalf("budget %d without a cgroup limit, want none", b)
 	}
 	q := d.Path("q")
@@ -90,12 +66,12 @@ func TestBudgetFollowsTheCgroupLimit(t *testing.T) {
 			if err := publish(); err != nil && !errors.Is(err, syscall.ENOSPC) {
 				t.Fatalf("publish: %v", err)
 			}
-			return metric(t, d, "yirangmq_memory_budget_bytes") == want
+			return d.Metric(t, "yirangmq_memory_budget_bytes") == want
 		})
 	}
 
 	follow(96 << 20)
-	if metric(t, d, "yirangmq_write_buffers_trimmed") != 1 {
+	if d.Metric(t, "yirangmq_write_buffers_trimmed") != 1 {
 		t.Errorf("a 72 MiB budget on a mount with 1 MiB requests: request buffers not trimmed")
 	}
 	if !strings.Contains(d.Log(), "memory budget changed with the cgroup's memory limit") {
@@ -132,7 +108,7 @@ func TestBudgetFollowsTheCgroupLimit(t *testing.T) {
 	if k := cg.OOMKills(); k != 0 {
 		t.Fatalf("the OOM killer ran %d times in the daemon's cgroup", k)
 	}
-	if metric(t, d, "yirangmq_memory_full") != 1 {
+	if d.Metric(t, "yirangmq_memory_full") != 1 {
 		t.Errorf("yirangmq_memory_full is not 1 at the refusal")
 	}
 
@@ -142,7 +118,7 @@ func TestBudgetFollowsTheCgroupLimit(t *testing.T) {
 	}
 	testenv.MustRetryUntil(t, 15*time.Second, "no budget once the limit is lifted", func() bool {
 		_ = publish()
-		return metric(t, d, "yirangmq_memory_budget_bytes") == 0
+		return d.Metric(t, "yirangmq_memory_budget_bytes") == 0
 	})
 	if err := publish(); err != nil {
 		t.Errorf("publish with no budget: %v", err)
