@@ -140,7 +140,7 @@ func (s *Store) prepare(ops []queuecore.Op, b *batchDir) ([]string, error) {
 			continue
 		}
 		s.mu.RLock()
-		_, err := s.ix.checkPlace(&op.Msg)
+		_, err := s.ix.CheckPlace(&op.Msg)
 		s.mu.RUnlock()
 		if err != nil {
 			continue
@@ -202,33 +202,33 @@ func (s *Store) writeBody(p string, body []byte, fs []field) (err error) {
 // dropped (the caller's own file will fail the same way); for another
 // reason it also turns the pool off.
 func (s *Store) writeSpare(body []byte, fs []field) (string, bool) {
-	f, ok := s.spares.take()
+	f, ok := s.spares.Take()
 	if !ok {
 		return "", false
 	}
-	err := writeAll(f.fd, body)
+	err := writeAll(f.FD, body)
 	for _, fl := range fs {
 		if err != nil {
 			break
 		}
-		err = unix.Fsetxattr(f.fd, xattrPrefix+fl.key, []byte(fl.val), 0)
+		err = unix.Fsetxattr(f.FD, xattrPrefix+fl.key, []byte(fl.val), 0)
 	}
 	if err == nil && s.durable {
 		if s.cfg.fsync != nil {
-			err = s.cfg.fsync(os.NewFile(uintptr(f.fd), f.path))
+			err = s.cfg.fsync(os.NewFile(uintptr(f.FD), f.Path))
 		} else {
-			err = unix.Fsync(f.fd)
+			err = unix.Fsync(f.FD)
 		}
 	}
 	if err != nil {
-		s.spares.discard(f)
+		s.spares.Discard(f)
 		if !errors.Is(err, unix.ENOSPC) && !errors.Is(err, unix.EDQUOT) {
-			s.spares.failed(err)
+			s.spares.Failed(err)
 		}
 		return "", false
 	}
-	unix.Close(f.fd)
-	return f.path, true
+	unix.Close(f.FD)
+	return f.Path, true
 }
 
 func writeAll(fd int, b []byte) error {
@@ -287,9 +287,9 @@ func (s *Store) commit(ops []queuecore.Op, temps []string, b *batchDir, plan []i
 		return 0, 0, err
 	}
 	for i, c := range changes {
-		if c.old == nil && temps[i] == "" {
+		if c.Old == nil && temps[i] == "" {
 			s.ix.undo(changes) // cannot happen: prepare checked the place
-			return 0, 0, fmt.Errorf("insert message %d: no body file written: %w", c.new.id, errBadOp)
+			return 0, 0, fmt.Errorf("insert message %d: no body file written: %w", c.New.ID, errBadOp)
 		}
 	}
 	if err := s.checkLimitLocked(changes); err != nil {
@@ -314,15 +314,15 @@ func (s *Store) commit(ops []queuecore.Op, temps []string, b *batchDir, plan []i
 	for i, c := range changes {
 		var err error
 		switch {
-		case c.new == nil:
-			err = s.deleteLocked(c.old, replaced[i], &d)
-		case c.old == nil:
-			err = s.insertLocked(c.new, temps[i], replacing(replaced, i), &d)
+		case c.New == nil:
+			err = s.deleteLocked(c.Old, replaced[i], &d)
+		case c.Old == nil:
+			err = s.insertLocked(c.New, temps[i], replacing(replaced, i), &d)
 			if err == nil {
 				temps[i] = ""
 			}
 		default:
-			err = s.updateLocked(c.old, c.new, replacing(replaced, i), &d)
+			err = s.updateLocked(c.Old, c.New, replacing(replaced, i), &d)
 		}
 		if err != nil {
 			if touched {
@@ -383,7 +383,7 @@ func (s *Store) checkLimitLocked(changes []change) error {
 		return nil
 	}
 	for _, c := range changes {
-		if c.old == nil {
+		if c.Old == nil {
 			if ok, skipped := s.full.allow(time.Now()); ok {
 				s.log.Warn("fs store full: publishes refused (EDQUOT) until messages are acked or deleted",
 					queuecore.LogLimit, s.cfg.maxMessages, "refused_since_last_line", skipped)
@@ -402,12 +402,12 @@ func (s *Store) checkLimitLocked(changes []change) error {
 func (s *Store) replacedLocked(changes []change) []int {
 	var replaced []int
 	for i, c := range changes {
-		if c.new != nil {
+		if c.New != nil {
 			continue
 		}
-		p := s.entryPath(c.old)
+		p := s.entryPath(c.Old)
 		for j := i + 1; j < len(changes); j++ {
-			if n := changes[j].new; n != nil && s.entryPath(n) == p {
+			if n := changes[j].New; n != nil && s.entryPath(n) == p {
 				if replaced == nil {
 					replaced = make([]int, len(changes))
 					for k := range replaced {
@@ -455,11 +455,11 @@ func steps(changes []change, replaced []int) int {
 // does. Only the flush that makes that move durable may remove it.
 func (s *Store) staleConflictLocked(changes []change) uint64 {
 	for _, c := range changes {
-		if c.new == nil {
+		if c.New == nil {
 			continue
 		}
-		to := s.entryPath(c.new)
-		if st, ok := s.stale[to]; ok && st.id != c.new.id {
+		to := s.entryPath(c.New)
+		if st, ok := s.stale[to]; ok && st.id != c.New.ID {
 			return s.currentGenLocked()
 		}
 	}
@@ -482,8 +482,8 @@ const idsChunk = 1 << 16
 func (s *Store) reserveIDsLocked(changes []change) error {
 	var top uint64
 	for _, c := range changes {
-		if c.new != nil {
-			top = max(top, c.new.id, c.new.seq)
+		if c.New != nil {
+			top = max(top, c.New.ID, c.New.Seq)
 		}
 	}
 	if top <= s.idsMark {

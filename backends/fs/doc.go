@@ -19,7 +19,7 @@
 //	DIR/intents/N/                a batch of several messages under way: its intent and
 //	                              the bodies of its new messages
 //	DIR/spare/K/N                 empty files made ahead, which new bodies are written into
-//	                              (spare.go); what is left there is removed at Open
+//	                              (package spare); what is left there is removed at Open
 //	DIR/trash/                    deleted queues' directories, emptied in the background
 //	DIR/lost+found/               what Open found that cannot be a message, with the reason
 //	                              in the log

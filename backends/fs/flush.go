@@ -234,11 +234,11 @@ func (s *Store) finishTxns(txns map[uint64]uint64) map[uint64]uint64 {
 	s.mu.RLock()
 	for id, gen := range txns {
 		pt, ok := s.txns[id]
-		e := s.ix.byID[id]
+		e := s.ix.ByID[id]
 		if !ok || pt.gen != gen || e == nil {
 			continue // finished, superseded by a later txn, or deleted
 		}
-		m := e.message()
+		m := e.Message()
 		nf := fields(&m)
 		w := work{id: id, gen: gen, path: s.entryPath(e), set: nf, remove: otherKeys(nf)}
 		if pt.known {
@@ -303,7 +303,7 @@ func (s *Store) flushSyncs(take dirt) error {
 	}()
 	s.mu.RLock()
 	for id := range take.files {
-		e := s.ix.byID[id]
+		e := s.ix.ByID[id]
 		if e == nil {
 			continue // deleted since: nothing of it to keep
 		}
@@ -375,7 +375,7 @@ func (s *Store) finishAllTxns() error {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	for id := range all {
-		if e := s.ix.byID[id]; e != nil {
+		if e := s.ix.ByID[id]; e != nil {
 			if err := s.fsyncPath(s.entryPath(e)); err != nil {
 				errs = append(errs, err)
 			}

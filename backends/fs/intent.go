@@ -36,13 +36,13 @@ func (s *Store) intentOpsLocked(changes []change) []intentOp {
 	ops := make([]intentOp, 0, len(changes))
 	for _, c := range changes {
 		switch {
-		case c.new == nil:
-			ops = append(ops, intentOp{Op: "delete", ID: c.old.id, From: rel(s.qdir, s.entryPath(c.old))})
-		case c.old == nil:
-			ops = append(ops, intentOp{Op: "insert", ID: c.new.id, To: rel(s.qdir, s.entryPath(c.new))})
+		case c.New == nil:
+			ops = append(ops, intentOp{Op: "delete", ID: c.Old.ID, From: rel(s.qdir, s.entryPath(c.Old))})
+		case c.Old == nil:
+			ops = append(ops, intentOp{Op: "insert", ID: c.New.ID, To: rel(s.qdir, s.entryPath(c.New))})
 		default:
-			m := c.new.message()
-			ops = append(ops, intentOp{Op: "update", ID: c.new.id, From: rel(s.qdir, s.entryPath(c.old)), To: rel(s.qdir, s.entryPath(c.new)), Fields: fieldMap(fields(&m))})
+			m := c.New.Message()
+			ops = append(ops, intentOp{Op: "update", ID: c.New.ID, From: rel(s.qdir, s.entryPath(c.Old)), To: rel(s.qdir, s.entryPath(c.New)), Fields: fieldMap(fields(&m))})
 		}
 	}
 	return ops

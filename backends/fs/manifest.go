@@ -20,10 +20,10 @@ import (
 func (s *Store) writeManifest() error {
 	s.mu.RLock()
 	var b bytes.Buffer
-	for _, q := range s.ix.sortedQueues() {
+	for _, q := range s.ix.SortedQueues() {
 		for _, st := range queuecore.States {
-			q.byState[st].Ascend(func(e *entry) bool {
-				fmt.Fprintf(&b, "%d %s %s %s\n", e.id, q.name, st.Dir(), strconv.Quote(e.name()))
+			q.ByState[st].Ascend(func(e *entry) bool {
+				fmt.Fprintf(&b, "%d %s %s %s\n", e.ID, q.Name, st.Dir(), strconv.Quote(e.Name()))
 				return true
 			})
 		}

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"yirangmq/backends/fs/internal/memindex"
 	"yirangmq/queuecore"
 )
 
@@ -31,7 +32,7 @@ func (s *Store) PutQueue(ctx context.Context, q queuecore.QueueInfo) error {
 	q.Policy = bytes.Clone(q.Policy) // the store keeps its own copy
 	s.mu.RLock()
 	err := s.writableLocked()
-	exists := s.ix.queues[q.Name] != nil
+	exists := s.ix.Queues[q.Name] != nil
 	if err == nil {
 		s.inflight.Add(1)
 	}
@@ -46,8 +47,8 @@ func (s *Store) PutQueue(ctx context.Context, q queuecore.QueueInfo) error {
 		}
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		if ix := s.ix.queues[q.Name]; ix != nil {
-			ix.info = q
+		if ix := s.ix.Queues[q.Name]; ix != nil {
+			ix.Info = q
 			return nil
 		}
 		return fmt.Errorf("put queue %s: deleted meanwhile: %w", q.Name, queuecore.ErrNotFound)
@@ -58,7 +59,7 @@ func (s *Store) PutQueue(ctx context.Context, q queuecore.QueueInfo) error {
 		return fmt.Errorf("create queue %s: %w", q.Name, err)
 	}
 	s.mu.Lock()
-	if s.ix.queues[q.Name] != nil {
+	if s.ix.Queues[q.Name] != nil {
 		s.mu.Unlock()
 		os.RemoveAll(tmp)
 		return s.PutQueue(ctx, q) // made meanwhile: replace its policy
@@ -68,7 +69,7 @@ func (s *Store) PutQueue(ctx context.Context, q queuecore.QueueInfo) error {
 		os.RemoveAll(tmp)
 		return fmt.Errorf("create queue %s: %w", q.Name, err)
 	}
-	s.ix.queues[q.Name] = newQueue(q)
+	s.ix.Queues[q.Name] = memindex.NewQueue[queueExt](q)
 	s.mu.Unlock()
 	if s.durable {
 		return s.fsyncPath(s.qdir)
@@ -108,7 +109,7 @@ func (s *Store) DeleteQueue(ctx context.Context, name string) error {
 		s.mu.Unlock()
 		return err
 	}
-	q := s.ix.queues[name]
+	q := s.ix.Queues[name]
 	if q == nil {
 		s.mu.Unlock()
 		return fmt.Errorf("delete queue %q: %w", name, queuecore.ErrNotFound)
@@ -147,7 +148,7 @@ func (s *Store) DeleteQueue(ctx context.Context, name string) error {
 // under gonePrefix, which went with the queue's directory.
 func (s *Store) forgetGoneLocked(gonePrefix string) {
 	for p, st := range s.stale {
-		if s.ix.byID[st.id] != nil {
+		if s.ix.ByID[st.id] != nil {
 			continue
 		}
 		if !strings.HasPrefix(p, gonePrefix) {
@@ -156,12 +157,12 @@ func (s *Store) forgetGoneLocked(gonePrefix string) {
 		s.dropStaleLocked(p)
 	}
 	for id := range s.txns {
-		if s.ix.byID[id] == nil {
+		if s.ix.ByID[id] == nil {
 			delete(s.txns, id)
 		}
 	}
 	for id := range s.rewrite {
-		if s.ix.byID[id] == nil {
+		if s.ix.ByID[id] == nil {
 			delete(s.rewrite, id)
 		}
 	}

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"yirangmq/backends/fs/internal/memindex"
 	"yirangmq/queuecore"
 )
 
@@ -112,7 +113,7 @@ func (sc *scan) queue(name string, dirInfo fs.FileInfo) error {
 	if err != nil {
 		return err
 	}
-	s.ix.queues[name] = newQueue(info)
+	s.ix.Queues[name] = memindex.NewQueue[queueExt](info)
 	sc.queues = append(sc.queues, name)
 	d := filepath.Join(s.qdir, name)
 	names, err := readNames(d)
@@ -273,7 +274,7 @@ func (sc *scan) finishTxn(group []*file, t *txn) *file {
 	}
 	if target >= 0 {
 		keep = group[target]
-	} else if q, st, name, ok := splitRel(t.to); ok && keep.rel == t.from && s.ix.queues[q] != nil {
+	} else if q, st, name, ok := splitRel(t.to); ok && keep.rel == t.from && s.ix.Queues[q] != nil {
 		// Cut short before the file reached its new name.
 		occupant := sc.byPath[t.to]
 		replace := occupant != nil && st == queuecore.StateArchived && occupant.ino != keep.ino
@@ -425,7 +426,7 @@ func (sc *scan) index() {
 	slices.SortFunc(fresh, func(a, b *file) int {
 		return cmp.Or(a.mtime.Compare(b.mtime), strings.Compare(a.rel, b.rel))
 	})
-	next := max(s.ix.maxID, s.idsMark)
+	next := max(s.ix.MaxID, s.idsMark)
 	for _, f := range fresh {
 		next++
 		m := sc.message(f, next)
@@ -449,13 +450,13 @@ func (sc *scan) message(f *file, id uint64) queuecore.Message {
 
 func (sc *scan) add(f *file, m queuecore.Message, kind queuecore.HandKind) {
 	s := sc.s
-	q := s.ix.queues[m.Queue]
-	if s.ix.byID[m.ID] != nil || q.named(m.Name, m.State == queuecore.StateArchived) != nil {
+	q := s.ix.Queues[m.Queue]
+	if s.ix.ByID[m.ID] != nil || q.Named(m.Name, m.State == queuecore.StateArchived) != nil {
 		// resolveIDs and resolveNames leave no duplicate: only a bug gets here.
 		s.toLostFound(f.abs(s), f.rel, "a duplicate the scan missed")
 		return
 	}
-	s.ix.add(newEntry(&m, q))
+	s.ix.Add(memindex.NewEntry(&m, q))
 	sc.ids[m.ID] = true
 	if kind == 0 {
 		return

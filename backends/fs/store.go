@@ -1,7 +1,6 @@
 package fs
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +15,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"yirangmq/backends"
+	"yirangmq/backends/fs/internal/memindex"
+	"yirangmq/backends/fs/internal/spare"
 	"yirangmq/queuecore"
 )
 
@@ -42,7 +43,8 @@ const (
 	tempPrefix = ".yirangmq.tmp."
 )
 
-var errBadOp = errors.New("invalid op")
+// errBadOp is the index's: one sentinel for a bad op, wherever found.
+var errBadOp = memindex.ErrBadOp
 
 // fuseSuperMagic is statfs(2)'s f_type of a FUSE file system.
 const fuseSuperMagic = 0x65735546
@@ -59,7 +61,7 @@ type Tuning struct {
 	// insert past it fails with queuecore.ErrStoreFull (EDQUOT through the
 	// mount). 0: DefaultMaxMessages.
 	MaxMessages int
-	// Spares is the number of empty body files kept ready (spare.go):
+	// Spares is the number of empty body files kept ready (package spare):
 	// 0: the default (16), negative: none (for measuring what they give).
 	Spares int
 }
@@ -67,7 +69,7 @@ type Tuning struct {
 // config holds what tests tune besides Tuning.
 type config struct {
 	maxMessages int
-	spares      int                    // spare files kept ready: 0: spareCount, <0: none
+	spares      int                    // spare files kept ready: 0: spare.Count, <0: none
 	fsync       func(f *os.File) error // nil: f.Sync; tests make it fail
 }
 
@@ -107,7 +109,7 @@ type Store struct {
 	// onFUSE: the store's file system is a FUSE one, which syncfs(2)
 	// does not reach: a flush fsyncs each file and directory.
 	onFUSE bool
-	spares *spares // empty files made ahead for new bodies (spare.go); nil: none
+	spares *spare.Pool // empty files made ahead for new bodies; nil: none
 	full   limitLog
 
 	inflight sync.WaitGroup // commits that have not returned
@@ -180,9 +182,9 @@ func open(ctx context.Context, dir string, opts backends.Options, cfg config) (*
 	}
 	n := cfg.spares
 	if n == 0 {
-		n = spareCount
+		n = spare.Count
 	}
-	if s.spares, err = startSpares(dir, n, s.log); err != nil {
+	if s.spares, err = spare.Start(dir, n, s.log); err != nil {
 		// Publishes create their own files, as without the pool.
 		s.log.Warn("no spare body files", queuecore.LogErr, err)
 	}
@@ -201,7 +203,7 @@ func (s *Store) Close() error {
 	s.mu.Unlock()
 	s.inflight.Wait()
 	s.fl.stopTimer()
-	s.spares.close()
+	s.spares.Close()
 
 	var errs []error
 	if err := s.flushAll(); err != nil {
@@ -254,69 +256,25 @@ func (s *Store) failLocked(err error) {
 func (s *Store) Queues(ctx context.Context) ([]queuecore.QueueInfo, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	qs := s.ix.sortedQueues()
-	out := make([]queuecore.QueueInfo, len(qs))
-	for i, q := range qs {
-		out[i] = q.info
-		out[i].Policy = bytes.Clone(q.info.Policy)
-	}
-	return out, nil
+	return s.ix.QueueInfos(), nil
 }
 
 // Lookup finds a queue's live or archived message by name.
 func (s *Store) Lookup(ctx context.Context, queue, name string, archived bool) (queuecore.Message, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	if q := s.ix.queues[queue]; q != nil {
-		if e := q.named(name, archived); e != nil {
-			return e.message(), nil
+	if q := s.ix.Queues[queue]; q != nil {
+		if e := q.Named(name, archived); e != nil {
+			return e.Message(), nil
 		}
 	}
 	return queuecore.Message{}, fmt.Errorf("message %q in queue %q: %w", name, queue, queuecore.ErrNotFound)
 }
 
-// smallList is the size up to which List copies a tree's entries under the
-// lock; larger trees are cloned (copy-on-write, O(1)) and walked after.
-const smallList = 256
-
 // List calls fn with the messages of a queue in one state, in (SortKey,
 // Seq) order. It walks a copy of the state, so fn runs without a lock.
 func (s *Store) List(ctx context.Context, queue string, state queuecore.State, fn func(queuecore.Message) bool) error {
-	if !state.Valid() {
-		return fmt.Errorf("list: state %d: %w", state, errBadOp)
-	}
-	s.mu.RLock()
-	q := s.ix.queues[queue]
-	if q == nil {
-		s.mu.RUnlock()
-		return fmt.Errorf("list queue %q: %w", queue, queuecore.ErrNotFound)
-	}
-	t := q.byState[state]
-	if t.Len() <= smallList {
-		es := make([]*entry, 0, t.Len())
-		t.Ascend(func(e *entry) bool {
-			es = append(es, e)
-			return true
-		})
-		s.mu.RUnlock()
-		for _, e := range es {
-			if !fn(e.message()) {
-				break
-			}
-		}
-		return nil
-	}
-	s.mu.RUnlock()
-	s.mu.Lock() // Clone writes to the tree it clones
-	q = s.ix.queues[queue]
-	if q == nil {
-		s.mu.Unlock()
-		return fmt.Errorf("list queue %q: %w", queue, queuecore.ErrNotFound)
-	}
-	t = q.byState[state].Clone()
-	s.mu.Unlock()
-	t.Ascend(func(e *entry) bool { return fn(e.message()) })
-	return nil
+	return s.ix.List(&s.mu, queue, state, fn)
 }
 
 // Due returns up to limit leased or delayed messages due at t, earliest
@@ -327,11 +285,11 @@ func (s *Store) Due(ctx context.Context, t time.Time, limit int) ([]queuecore.Me
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	var out []queuecore.Message
-	s.ix.due.Ascend(func(e *entry) bool {
-		if len(out) >= limit || e.key > until {
+	s.ix.Due.Ascend(func(e *entry) bool {
+		if len(out) >= limit || e.Key > until {
 			return false
 		}
-		out = append(out, e.message())
+		out = append(out, e.Message())
 		return true
 	})
 	return out, nil
@@ -341,11 +299,11 @@ func (s *Store) Due(ctx context.Context, t time.Time, limit int) ([]queuecore.Me
 func (s *Store) NextDue(ctx context.Context) (time.Time, bool, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	e, ok := s.ix.due.Min()
+	e, ok := s.ix.Due.Min()
 	if !ok {
 		return time.Time{}, false, nil
 	}
-	return e.deadline(), true, nil
+	return e.Deadline(), true, nil
 }
 
 // Counts returns the number and bytes of messages per queue and state;
@@ -353,11 +311,11 @@ func (s *Store) NextDue(ctx context.Context) (time.Time, bool, error) {
 func (s *Store) Counts(ctx context.Context) (map[string]map[queuecore.State]queuecore.Count, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	out := make(map[string]map[queuecore.State]queuecore.Count, len(s.ix.queues))
-	for name, q := range s.ix.queues {
+	out := make(map[string]map[queuecore.State]queuecore.Count, len(s.ix.Queues))
+	for name, q := range s.ix.Queues {
 		byState := map[queuecore.State]queuecore.Count{}
 		for _, st := range queuecore.States {
-			if c := q.counts[st]; c != (queuecore.Count{}) {
+			if c := q.Counts[st]; c != (queuecore.Count{}) {
 				byState[st] = c
 			}
 		}
@@ -371,7 +329,7 @@ func (s *Store) Counts(ctx context.Context) (map[string]map[queuecore.State]queu
 func (s *Store) MaxID(ctx context.Context) (uint64, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return max(s.ix.maxID, s.idsMark), nil
+	return max(s.ix.MaxID, s.idsMark), nil
 }
 
 // HandChanges returns what Open found changed by hand in the tree, for
@@ -394,7 +352,7 @@ func (s *Store) bodyPath(q string, st queuecore.State, name string) string {
 	return s.qdir + "/" + q + "/" + st.Dir() + "/" + name
 }
 
-func (s *Store) entryPath(e *entry) string { return s.bodyPath(e.q.name, e.state, e.name()) }
+func (s *Store) entryPath(e *entry) string { return s.bodyPath(e.Q.Name, e.State, e.Name()) }
 
 // bodyRetries is how often a read looks the path up again when the file
 // moved between the look-up and the open (a lease renames it).
@@ -405,11 +363,11 @@ const bodyRetries = 4
 func (s *Store) openBody(id uint64) (*os.File, error) {
 	for try := 0; ; try++ {
 		s.mu.RLock()
-		e := s.ix.byID[id]
+		e := s.ix.ByID[id]
 		var p string
 		var size int64
 		if e != nil {
-			p, size = s.entryPath(e), e.size
+			p, size = s.entryPath(e), e.Size
 		}
 		s.mu.RUnlock()
 		if e == nil {

@@ -18,10 +18,10 @@ func (s *Store) insertLocked(e *entry, temp string, replace bool, d *opDirt) err
 	to := s.entryPath(e)
 	if err := renameTo(temp, to, replace); err != nil {
 		if errors.Is(err, unix.EXDEV) {
-			s.spares.failed(err)
-			return fmt.Errorf("insert message %d: %w: %w", e.id, errReplan, err)
+			s.spares.Failed(err)
+			return fmt.Errorf("insert message %d: %w: %w", e.ID, errReplan, err)
 		}
-		return fmt.Errorf("insert message %d: %w", e.id, err)
+		return fmt.Errorf("insert message %d: %w", e.ID, err)
 	}
 	d.dir(to)
 	return nil
@@ -50,21 +50,21 @@ func (s *Store) deleteLocked(e *entry, replacedBy int, d *opDirt) error {
 	p := s.entryPath(e)
 	if replacedBy < 0 {
 		if err := unix.Unlink(p); err != nil && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("delete message %d: %w", e.id, err)
+			return fmt.Errorf("delete message %d: %w", e.ID, err)
 		}
 		d.dir(p)
 	}
-	for _, sp := range s.staleOf[e.id] {
-		if s.stale[sp].id == e.id {
+	for _, sp := range s.staleOf[e.ID] {
+		if s.stale[sp].id == e.ID {
 			delete(s.stale, sp)
 			if err := unix.Unlink(sp); err == nil {
 				d.dir(sp)
 			}
 		}
 	}
-	delete(s.staleOf, e.id)
-	delete(s.txns, e.id)
-	delete(s.rewrite, e.id)
+	delete(s.staleOf, e.ID)
+	delete(s.txns, e.ID)
+	delete(s.rewrite, e.ID)
 	return nil
 }
 
@@ -75,12 +75,12 @@ func (s *Store) deleteLocked(e *entry, replacedBy int, d *opDirt) error {
 // txn removed, by a flush later (finishTxns), off the commit's path.
 func (s *Store) updateLocked(old, new *entry, replace bool, d *opDirt) error {
 	from, to := s.entryPath(old), s.entryPath(new)
-	om, nm := old.message(), new.message()
+	om, nm := old.Message(), new.Message()
 	nf := fields(&nm)
 	moved := from != to
-	pt, pending := s.txns[new.id]
+	pt, pending := s.txns[new.ID]
 	if !pending {
-		pt.disk, pt.known = fields(&om), !s.rewrite[new.id]
+		pt.disk, pt.known = fields(&om), !s.rewrite[new.ID]
 	}
 	set, remove := nf, otherKeys(nf)
 	if pt.known {
@@ -91,9 +91,9 @@ func (s *Store) updateLocked(old, new *entry, replace bool, d *opDirt) error {
 			}
 			if !moved && len(set)+len(remove) == 1 {
 				if err := applyFields(from, set, remove); err != nil {
-					return fmt.Errorf("update message %d: %w", new.id, err)
+					return fmt.Errorf("update message %d: %w", new.ID, err)
 				}
-				d.file(new.id)
+				d.file(new.ID)
 				return nil
 			}
 		}
@@ -105,24 +105,24 @@ func (s *Store) updateLocked(old, new *entry, replace bool, d *opDirt) error {
 	pt.gen = s.txnGen
 	t := encodeTxn(txn{from: rel(s.qdir, from), to: rel(s.qdir, to), fields: nf})
 	if err := unix.Lsetxattr(from, xattrPrefix+keyTxn, t, 0); err != nil {
-		return fmt.Errorf("update message %d: set its txn: %w", new.id, err)
+		return fmt.Errorf("update message %d: set its txn: %w", new.ID, err)
 	}
 	if moved {
-		if err := s.moveLocked(from, to, new.id, pt.gen, replace, d); err != nil {
+		if err := s.moveLocked(from, to, new.ID, pt.gen, replace, d); err != nil {
 			// The old metadata is the truth again: the txn says so until
 			// a flush finishes it.
 			back := encodeTxn(txn{from: rel(s.qdir, from), to: rel(s.qdir, from), fields: fields(&om)})
 			if unix.Lsetxattr(from, xattrPrefix+keyTxn, back, 0) == nil {
-				s.txns[old.id] = pt
-				d.txn(old.id, pt.gen)
+				s.txns[old.ID] = pt
+				d.txn(old.ID, pt.gen)
 			}
-			return fmt.Errorf("update message %d: %w", new.id, err)
+			return fmt.Errorf("update message %d: %w", new.ID, err)
 		}
 	}
-	s.txns[new.id] = pt
-	delete(s.rewrite, new.id)
-	d.file(new.id)
-	d.txn(new.id, pt.gen)
+	s.txns[new.ID] = pt
+	delete(s.rewrite, new.ID)
+	d.file(new.ID)
+	d.txn(new.ID, pt.gen)
 	return nil
 }
 

@@ -2,14 +2,19 @@ package fs
 
 import (
 	"archive/tar"
+	"bytes"
 	"compress/gzip"
 	"context"
+	"crypto/sha256"
 	"errors"
+	"flag"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -78,12 +83,17 @@ func extract(t *testing.T, tarball, dir string) {
 	}
 }
 
+var update = flag.Bool("update", false, "rewrite golden files")
+
 // TestUpgradeFormat1 opens stores of format 1 written by the last build
 // that wrote it (testdata/make-format1.sh: through a real mount, a clean
 // unmount and a kill -9 whose journal was never checkpointed) and checks
-// that every message is where it was, with its reason, attempts and body;
-// that the store is of format 2 after, holding nothing of format 1; and
-// that the format-1 reader (the old build's code) now refuses it.
+// that every message is where it was, with its reason, attempts and body,
+// and every queue and message with all its metadata as the converted store
+// serves it (testdata/format1-*.golden, written with -update by the build
+// whose format-1 reader was still the old build's code whole); that the
+// store is of format 2 after, holding nothing of format 1; and that the
+// format-1 reader now refuses it.
 func TestUpgradeFormat1(t *testing.T) {
 	for _, name := range []string{"clean", "crash"} {
 		t.Run(name, func(t *testing.T) {
@@ -95,6 +105,7 @@ func TestUpgradeFormat1(t *testing.T) {
 				t.Fatal(err)
 			}
 			checkFormat1Messages(t, s)
+			checkGolden(t, filepath.Join("testdata", "format1-"+name+".golden"), storeListing(t, s))
 			if err := s.Close(); err != nil {
 				t.Fatal(err)
 			}
@@ -199,5 +210,66 @@ func checkFormat1Messages(t *testing.T, s *Store) {
 		if q.Name == "v" && p.Format != "json" {
 			t.Errorf("queue v: format %q, want json", p.Format)
 		}
+	}
+}
+
+// storeListing is everything s serves: its queues, and each message with
+// every field and a hash of its body, in List order.
+func storeListing(t *testing.T, s *Store) []byte {
+	t.Helper()
+	ctx := context.Background()
+	tm := func(t time.Time) string {
+		if t.IsZero() {
+			return "-"
+		}
+		return t.UTC().Format(time.RFC3339Nano)
+	}
+	var b bytes.Buffer
+	qs, err := s.Queues(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	maxID, err := s.MaxID(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(&b, "max_id %d\n", maxID)
+	for _, q := range qs {
+		fmt.Fprintf(&b, "queue %s policy=%s uid=%d gid=%d mode=%o created=%s\n", q.Name, q.Policy, q.UID, q.GID, q.Mode, tm(q.CreatedAt))
+		for _, st := range queuecore.States {
+			err := s.List(ctx, q.Name, st, func(m queuecore.Message) bool {
+				body, err := s.Body(ctx, m.ID)
+				if err != nil {
+					t.Errorf("body of %d: %v", m.ID, err)
+				}
+				fmt.Fprintf(&b, "  %s/%s id=%d seq=%d priority=%d size=%d message_id=%s published=%s first=%s state_at=%s deadline=%s"+
+					" attempts=%d redrives=%d reason=%q reason_message=%q failed=%s consumer=%q dedup_key=%q uid=%d gid=%d body=%x\n",
+					m.State.Dir(), m.Name, m.ID, m.Seq, m.Priority, m.Size, m.MessageID, tm(m.PublishedAt), tm(m.FirstAt), tm(m.StateAt), tm(m.Deadline),
+					m.Attempts, m.Redrives, m.Reason, m.ReasonMessage, tm(m.FailedAt), m.Consumer, m.DedupKey, m.UID, m.GID, sha256.Sum256(body))
+				return true
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return b.Bytes()
+}
+
+// checkGolden compares got with the golden file at path, which -update
+// rewrites.
+func checkGolden(t *testing.T, path string, got []byte) {
+	t.Helper()
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("the converted store differs from %s:\n%s", path, got)
 	}
 }

@@ -3,34 +3,20 @@ package format1
 import (
 	"errors"
 	"fmt"
-	"golang.org/x/sys/unix"
 	"os"
 	"path/filepath"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"yirangmq/backends"
 	"yirangmq/queuecore"
 )
 
-// maybeCheckpointLocked starts a checkpoint in the background once the
-// journal has outgrown its threshold.
-func (s *Store) maybeCheckpointLocked() {
-	if s.ckptRunning || s.closed || s.failErr != nil || s.sinceCkpt < s.ckptAt && !s.dirty.manyMoves.Load() {
-		return
-	}
-	s.ckptRunning = true
-	s.bg.Add(1)
-	go func() {
-		defer s.bg.Done()
-		_ = s.checkpoint() // a failure fails the store, which logs it
-	}()
-}
-
 // checkpoint makes the snapshot hold everything committed so far and drops
-// the journal it replaces. Commits go on while it runs. A failure fails
-// the store: the journals are left for the next Open. A lack of space is
-// no failure: a checkpoint that could not rotate is tried again later, and
-// one that rotated is held and finished by Reclaim once there is room.
+// the journal it replaces. A failure fails the store: the journals are
+// left for the next Open. A lack of space is no failure: a checkpoint that
+// rotated is held, and Close tries to finish it.
 func (s *Store) checkpoint() error {
 	start := time.Now()
 	old, img, err := s.rotate()
@@ -63,8 +49,8 @@ func (s *Store) rotate() (*journal, *snapshotImage, error) {
 }
 
 // finishCheckpoint writes the snapshot of a rotated journal and removes it.
-// A failure for lack of space holds the checkpoint for Reclaim (ckptRunning
-// stays set, so no other starts); any other fails the store.
+// A failure for lack of space holds the checkpoint for Close; any other
+// fails the store.
 func (s *Store) finishCheckpoint(start time.Time, old *journal, img *snapshotImage) error {
 	n, size, err := s.doCheckpoint(old, img)
 	s.mu.Lock()

@@ -1,18 +1,44 @@
 // Package format1 reads fs stores of format 1, which builds before format 2
 // wrote: message bodies in the tree, their metadata in a snapshot and a
-// journal. It is kept, unchanged from the last build that wrote format 1
-// but for Export, so that such a store opens in a newer build with every
-// message where it was, even one left by a crash: its Open recovers the
-// store exactly as that build did. Nothing else uses it; the fs store
-// (package backends/fs) converts a format-1 store with Export and never
-// writes format 1 again.
+// journal. It is kept so that such a store opens in a newer build with
+// every message where it was, even one left by a crash: its Open recovers
+// the store exactly as the last build that wrote format 1 did. Nothing
+// else uses it; the fs store (package backends/fs) converts a format-1
+// store with Export and never writes format 1 again.
+//
+// It is that build's code with three differences, none in what Open
+// recovers:
+//
+//   - Export, the one way in.
+//   - What no call from Export reaches is gone: Apply, PutQueue,
+//     DeleteQueue, Lookup, Body, BodyFile, Due, Counts, Reclaim, the
+//     journal's writer and the staging of big bodies (deadcode run on
+//     cmd/yirangmq lists nothing left here). The description below still
+//     tells what they did, since that is what made the stores it reads.
+//   - What it had in common with the fs store, which was written from a
+//     copy of it, now has one home that both use: the spare files made
+//     ahead (package spare; Export asks for none, so Open only removes
+//     what a crash left in DIR/spare, as before), and the in-memory index
+//     (package memindex: the packed entry and its codec, a queue's trees,
+//     the checks and the all-or-nothing apply of a batch, List). The
+//     index is the same code moved, not new code: format 1's spill stays
+//     here, in the queue's Ext and the entry's Slot, and the index calls
+//     format 1's Add, Remove and ApplyOp, which spill as they did. One
+//     thing reads differently: a message time of exactly the Unix epoch
+//     now comes back from the index as the zero time, as every store
+//     reads it (backends.Nanos); the fs store it is converted to reads
+//     that time so anyway, so the converted store serves the same.
 //
 // Its long functions (decodeRecord, reconciler.resolve, readSnapshot,
-// dirtySet.sync, Store.runFileOps) and files.go stay as they were: this is
-// frozen code that only reads old stores, and every split is a chance to
-// change what it recovers with nothing left to catch it (format 1's own
-// tests went with it; the upgrade tests open a clean and a crashed
-// format-1 store, backends/fs/testdata).
+// dirtySet.sync, Store.runFileOps) keep their shape: this is frozen code
+// that only reads old stores, and every split is a chance to change what
+// it recovers. (Two repeats inside it were merged: resolve moves a stray
+// body with one closure, and the reconciler and the checkpoint read a
+// directory in chunks with one helper, readChunks.) Format 1's own tests
+// went with its writer; the upgrade tests (backends/fs/upgrade_test.go)
+// open a clean and a crashed format-1 store (backends/fs/testdata) and
+// compare everything the converted store serves, every field of every
+// message, with what the build before these changes made of them.
 //
 // What follows is that build's description of format 1.
 //
@@ -34,7 +60,7 @@
 //	                              link to the body file until a snapshot holds
 //	                              that record
 //	DIR/spare/K/N                 empty files made ahead, which new body files
-//	                              are written into and renamed from (spare.go),
+//	                              are written into and renamed from (package spare),
 //	                              spread over 8 directories K, each named by a
 //	                              random number when made (DIR/spare is marked
 //	                              chattr +T where the file system knows it),

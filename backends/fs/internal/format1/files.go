@@ -3,7 +3,6 @@ package format1
 import (
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -49,34 +48,6 @@ type pendingBody struct {
 	data []byte
 }
 
-// fileOpsFor derives the file operations of a committed batch and notes,
-// under mu, which messages have some pending.
-func (s *Store) fileOpsFor(changes []change, ops []queuecore.Op, frame []byte, bodyAt []int, staged []*stagedBody) []fileOp {
-	var out []fileOp
-	for i, c := range changes {
-		var op fileOp
-		switch {
-		case c.old == nil && staged != nil && staged[i] != nil:
-			op = fileOp{kind: opPlace, id: c.new.id, from: s.stagedPath(c.new.id), to: s.entryPath(c.new)}
-		case c.old == nil:
-			n := len(ops[i].Body)
-			pb := &pendingBody{data: frame[bodyAt[i] : bodyAt[i]+n : bodyAt[i]+n]}
-			s.unwritten[c.new.id] = pb
-			op = fileOp{kind: opWrite, id: c.new.id, to: s.entryPath(c.new), body: pb}
-		case c.new == nil:
-			op = fileOp{kind: opRemove, id: c.old.id, from: s.entryPath(c.old)}
-		default:
-			if c.old.q == c.new.q && c.old.state == c.new.state && c.old.name() == c.new.name() {
-				continue // metadata only
-			}
-			op = fileOp{kind: opRename, id: c.new.id, from: s.entryPath(c.old), to: s.entryPath(c.new)}
-		}
-		s.busy[op.id]++
-		out = append(out, op)
-	}
-	return out
-}
-
 // isMessageOp reports whether op.id is a message's ID (opRmQueue's is an lsn).
 func isMessageOp(k fileOpKind) bool {
 	return k == opWrite || k == opRename || k == opRemove || k == opPlace
@@ -86,7 +57,7 @@ func isMessageOp(k fileOpKind) bool {
 // journal order, unless someone else already did them up to pos. A failed
 // operation fails the store; the operations after it stay undone (the
 // journal still has them for the next Open). One that failed for lack of
-// space stalls them instead: they are tried again later (Reclaim).
+// space stalls them instead: they are tried again later (Close's checkpoint).
 //
 // It stays whole: frozen format-1 code (see the package comment).
 func (s *Store) runFileOps(pos int64) {
@@ -151,8 +122,8 @@ func (s *Store) runFileOps(pos int64) {
 	switch {
 	case stalled != nil:
 		// The disk is full: not a failure. The journal holds the bodies
-		// and the index is right; the operations wait, in order, for the
-		// next commit or Reclaim to retry them once there is room.
+		// and the index is right; the operations wait, in order, for
+		// Close's checkpoint to retry them.
 		s.pending = append(stalled, s.pending...)
 		if !s.stalled {
 			s.stalled = true
@@ -273,30 +244,30 @@ func linkMkdir(from, to string) error {
 func (s *Store) writeBody(path string, id uint64, body []byte) error {
 	s.dirty.file(path)
 	s.dirty.wrote(id)
-	if sp, ok := s.spares.take(); ok {
+	if sp, ok := s.spares.Take(); ok {
 		// The rename's old name goes with the next checkpoint's sync
 		// of spare/K, so that no power cut after it leaves a second,
 		// uncounted name of the body there (on a disk without a
 		// journal the two directories are written back in any order).
-		s.dirty.dir(sp.dir)
-		err := s.writeWithID(sp.fd, id, body)
-		if cerr := unix.Close(sp.fd); err == nil {
+		s.dirty.dir(sp.Dir)
+		err := s.writeWithID(sp.FD, id, body)
+		if cerr := unix.Close(sp.FD); err == nil {
 			err = cerr
 		}
 		if err == nil {
-			err = renameMkdir(sp.path, path)
+			err = renameMkdir(sp.Path, path)
 		}
 		if err == nil {
 			return nil
 		}
-		unix.Unlink(sp.path)
+		unix.Unlink(sp.Path)
 		if isNoSpace(err) {
 			return fmt.Errorf("write body of message %d: %w", id, &os.PathError{Op: "write", Path: path, Err: err})
 		}
 		// Anything else (a spare removed by hand, a rename refused
 		// between the two directories) is the pool's problem, not the
 		// message's: create the file in place, as without a pool.
-		s.spares.failed(err)
+		s.spares.Failed(err)
 	}
 	dir := filepath.Dir(path)
 	tmp := dir + "/" + tempPrefix + "w" + strconv.FormatUint(id, 10)
@@ -711,26 +682,13 @@ func fsyncPath(p string) error {
 
 // fsyncFilesIn fsyncs every file of dir, reading it a chunk at a time.
 func fsyncFilesIn(dir string) error {
-	f, err := os.Open(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	for {
-		names, err := f.Readdirnames(4096)
+	_, err := readChunks(dir, func(names []string) error {
 		for _, n := range names {
 			if err := fsyncPath(dir + "/" + n); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EISDIR) {
 				return err
 			}
 		}
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			return err
-		}
-	}
+		return nil
+	})
+	return err
 }

@@ -2,112 +2,45 @@ package format1
 
 import (
 	"fmt"
-	"slices"
-	"strings"
 
-	"github.com/google/btree"
-
+	"yirangmq/backends/fs/internal/memindex"
 	"yirangmq/queuecore"
 )
 
-// btreeDegree: nodes of up to 63 items keep the per-item overhead near one
-// pointer without making inserts shift much.
-const btreeDegree = 32
-
-// entry is one message in the index. It is immutable once in the index: an
-// update replaces it with a new entry, which is what lets a checkpoint or a
-// List walk a copy-on-write clone of the trees without a lock.
-//
-// It is kept small because a queue may hold a million messages: the name
-// and every field that no tree orders by are packed in data (codec.go).
-type entry struct {
-	id    uint64
-	seq   uint64
-	key   int64 // Message.SortKey(); the deadline for leased and delayed
-	size  int64
-	q     *queue
-	data  string // name, then the packed rest of the Message
-	nlen  uint8  // len(name)
-	state queuecore.State
-	slot  int32 // record+1 in e.q's spill (a copy read from there), 0 in the trees
+// queueSpill is what format 1 keeps per queue besides the trees of the
+// index (package memindex, which the fs store keeps its messages in too):
+// its spill.
+type queueSpill struct {
+	spill *spill // newer ready messages past the index's spillAt; nil: none
+	tail  int    // ready messages in the tree that sort after the spill's last record
 }
 
-func (e *entry) name() string { return e.data[:e.nlen] }
-
-// queue is one queue: its info and its messages, by state and by name.
-type queue struct {
-	name     string
-	info     queuecore.QueueInfo
-	byState  [len(queuecore.States) + 1]*btree.BTreeG[*entry] // by (key, seq, id); index 0 unused
-	live     *btree.BTreeG[*entry]                            // live messages by name
-	archived *btree.BTreeG[*entry]                            // archived messages by name
-	counts   [len(queuecore.States) + 1]queuecore.Count
-	spill    *spill // newer ready messages past the index's spillAt; nil: none
-	tail     int    // ready messages in the tree that sort after the spill's last record
-}
-
-func lessOrder(a, b *entry) bool {
-	if a.key != b.key {
-		return a.key < b.key
-	}
-	if a.seq != b.seq {
-		return a.seq < b.seq
-	}
-	return a.id < b.id
-}
-
-func lessName(a, b *entry) bool { return a.name() < b.name() }
-
-func lessDue(a, b *entry) bool {
-	if a.key != b.key {
-		return a.key < b.key
-	}
-	return a.id < b.id
-}
-
-func newQueue(info queuecore.QueueInfo) *queue {
-	q := &queue{name: info.Name, info: info}
-	for _, st := range queuecore.States {
-		q.byState[st] = btree.NewG(btreeDegree, lessOrder)
-	}
-	q.live = btree.NewG(btreeDegree, lessName)
-	q.archived = btree.NewG(btreeDegree, lessName)
-	return q
-}
-
-func (q *queue) names(st queuecore.State) *btree.BTreeG[*entry] {
-	if st == queuecore.StateArchived {
-		return q.archived
-	}
-	return q.live
-}
+// format 1's instances of the index's types.
+type (
+	entry  = memindex.Entry[queueSpill]
+	queue  = memindex.Queue[queueSpill]
+	change = memindex.Change[queueSpill]
+)
 
 // named finds the message of q called name among the archived or the live
 // (in the trees, then in the spill).
-func (q *queue) named(name string, archived bool) (*entry, error) {
-	t := q.live
-	if archived {
-		t = q.archived
-	}
-	if len(name) > 255 {
+func named(q *queue, name string, archived bool) (*entry, error) {
+	if len(name) > queuecore.MaxMessageName {
 		return nil, nil
 	}
-	if e, ok := t.Get(&entry{data: name, nlen: uint8(len(name))}); ok {
+	if e := q.Named(name, archived); e != nil {
 		return e, nil
 	}
-	if archived || q.spill == nil {
+	if archived || q.Ext.spill == nil {
 		return nil, nil
 	}
-	_, e, err := q.spill.find(q, name)
+	_, e, err := q.Ext.spill.find(q, name)
 	return e, err
 }
 
 // index is the in-memory metadata of the store. The Store's mutex guards it.
 type index struct {
-	queues map[string]*queue
-	byID   map[uint64]*entry
-	due    *btree.BTreeG[*entry] // leased and delayed messages by (deadline, id)
-	maxID  uint64
+	memindex.Index[queueSpill]
 
 	// Spilling (spill.go): off when spillAt is 0.
 	spillAt    int
@@ -122,9 +55,7 @@ type index struct {
 
 func newIndex() *index {
 	return &index{
-		queues:   map[string]*queue{},
-		byID:     map[uint64]*entry{},
-		due:      btree.NewG(btreeDegree, lessDue),
+		Index:    memindex.NewIndex[queueSpill](),
 		spilled:  map[*queue]struct{}{},
 		spillLog: func(string, error) {},
 	}
@@ -132,11 +63,11 @@ func newIndex() *index {
 
 // get finds a message by ID, in the trees or in a spill.
 func (ix *index) get(id uint64) (*entry, error) {
-	if e := ix.byID[id]; e != nil {
+	if e := ix.ByID[id]; e != nil {
 		return e, nil
 	}
 	for q := range ix.spilled {
-		_, e, err := q.spill.byID(q, id)
+		_, e, err := q.Ext.spill.byID(q, id)
 		if e != nil || err != nil {
 			return e, err
 		}
@@ -158,19 +89,19 @@ func spillBatchFor(keep int) int { return min(spillPerBlock, keep) }
 // the oldest of the tail (the messages past the spill's end) to it once
 // the tail holds a batch more than spillKeep.
 func (ix *index) spillNew(q *queue, e *entry) {
-	t := q.byState[queuecore.StateReady]
-	if q.spill != nil {
-		if q.spill.after(e) {
-			q.tail++
+	t := q.ByState[queuecore.StateReady]
+	if q.Ext.spill != nil {
+		if q.Ext.spill.after(e) {
+			q.Ext.tail++
 		}
-		if q.tail < ix.spillKeep+ix.spillBatch {
+		if q.Ext.tail < ix.spillKeep+ix.spillBatch {
 			return
 		}
-		sp := q.spill
-		pivot := &entry{key: sp.lastKey, seq: sp.lastSeq, id: sp.last}
+		sp := q.Ext.spill
+		pivot := &entry{Key: sp.lastKey, Seq: sp.lastSeq, ID: sp.last}
 		var es []*entry
 		t.AscendGreaterOrEqual(pivot, func(x *entry) bool {
-			if lessOrder(pivot, x) {
+			if memindex.LessOrder(pivot, x) {
 				es = append(es, x)
 			}
 			return true
@@ -182,13 +113,13 @@ func (ix *index) spillNew(q *queue, e *entry) {
 		return
 	}
 	ix.spillGen++
-	sp, err := newSpill(ix.spillDir, ix.spillGen, q.name)
+	sp, err := newSpill(ix.spillDir, ix.spillGen, q.Name)
 	if err != nil {
 		ix.spillLog("cannot spill ready messages; they stay in memory", err)
 		ix.spillAt = 0
 		return
 	}
-	q.spill = sp
+	q.Ext.spill = sp
 	ix.spilled[q] = struct{}{}
 	es := make([]*entry, 0, t.Len()-ix.spillAt)
 	i := 0
@@ -207,7 +138,7 @@ func (ix *index) spillNew(q *queue, e *entry) {
 // spillKeep, and takes them out of the tree. One the spill cannot take
 // (its ID is too far behind) stays. It recounts the tail.
 func (ix *index) moveToSpill(q *queue, es []*entry) {
-	sp := q.spill
+	sp := q.Ext.spill
 	n := max(len(es)-ix.spillKeep, 0)
 	moved := make([]bool, n)
 	for i, e := range es[:n] {
@@ -220,26 +151,14 @@ func (ix *index) moveToSpill(q *queue, es []*entry) {
 			break
 		}
 		moved[i] = true
-		delete(ix.byID, e.id)
-		q.byState[e.state].Delete(e)
-		q.live.Delete(e)
+		delete(ix.ByID, e.ID)
+		q.ByState[e.State].Delete(e)
+		q.Live.Delete(e)
 	}
-	q.tail = 0
+	q.Ext.tail = 0
 	for i, e := range es {
 		if (i >= n || !moved[i]) && sp.after(e) {
-			q.tail++
-		}
-	}
-}
-
-// trimSpills trims the spills that the changes of a batch took records
-// from, where a trim is due (spill.trim). Called once the batch is applied
-// and its file operations made, when no entry of it will be used again:
-// a trim numbers the records of a spill anew.
-func (ix *index) trimSpills(changes []change) {
-	for _, c := range changes {
-		if c.old != nil && c.old.slot > 0 {
-			ix.trimSpill(c.old.q)
+			q.Ext.tail++
 		}
 	}
 }
@@ -253,7 +172,7 @@ func (ix *index) trimAll() {
 }
 
 func (ix *index) trimSpill(q *queue) {
-	sp := q.spill
+	sp := q.Ext.spill
 	if sp == nil || !sp.trimmable(ix.spillTrim) {
 		return
 	}
@@ -264,75 +183,58 @@ func (ix *index) trimSpill(q *queue) {
 
 // dropSpill lets go of q's spill (its readers keep the file until done).
 func (ix *index) dropSpill(q *queue) {
-	if q.spill == nil {
+	if q.Ext.spill == nil {
 		return
 	}
-	q.spill.dropped = true
-	q.spill.release()
-	q.spill = nil
-	q.tail = 0
+	q.Ext.spill.dropped = true
+	q.Ext.spill.release()
+	q.Ext.spill = nil
+	q.Ext.tail = 0
 	delete(ix.spilled, q)
 }
 
-func timed(st queuecore.State) bool {
-	return st == queuecore.StateLeased || st == queuecore.StateDelayed
-}
-
-func (ix *index) add(e *entry) {
-	q := e.q
-	e.slot = 0
-	ix.byID[e.id] = e
-	q.byState[e.state].ReplaceOrInsert(e)
-	q.names(e.state).ReplaceOrInsert(e)
-	if timed(e.state) {
-		ix.due.ReplaceOrInsert(e)
-	}
-	c := &q.counts[e.state]
-	c.N++
-	c.Bytes += e.size
-	if e.state == queuecore.StateReady && ix.spillAt > 0 {
+// Add puts e in the trees, and spills its queue's newest ready messages
+// if it made them too many.
+func (ix *index) Add(e *entry) {
+	q := e.Q
+	e.Slot = 0
+	ix.Insert(e)
+	if e.State == queuecore.StateReady && ix.spillAt > 0 {
 		ix.spillNew(q, e)
 	}
 }
 
-func (ix *index) remove(e *entry) {
-	q := e.q
-	if e.slot == 0 && ix.byID[e.id] != e && q.spill != nil {
+// Remove takes e out of the trees, or out of its queue's spill.
+func (ix *index) Remove(e *entry) {
+	q := e.Q
+	if e.Slot == 0 && ix.ByID[e.ID] != e && q.Ext.spill != nil {
 		// Moved to the spill since (undo of a batch).
-		if _, se, err := q.spill.byID(q, e.id); se != nil {
+		if _, se, err := q.Ext.spill.byID(q, e.ID); se != nil {
 			e = se
 		} else if err != nil {
 			ix.spillLog("cannot read the spill", err)
 		}
 	}
-	if e.slot > 0 {
-		q.spill.del(int(e.slot - 1))
-		if q.spill.live == 0 {
+	if e.Slot > 0 {
+		q.Ext.spill.del(int(e.Slot - 1))
+		if q.Ext.spill.live == 0 {
 			ix.dropSpill(q)
 		}
-		c := &q.counts[e.state]
+		c := &q.Counts[e.State]
 		c.N--
-		c.Bytes -= e.size
+		c.Bytes -= e.Size
 		return
 	}
-	if e.state == queuecore.StateReady && q.spill != nil && q.spill.after(e) {
-		q.tail--
+	if e.State == queuecore.StateReady && q.Ext.spill != nil && q.Ext.spill.after(e) {
+		q.Ext.tail--
 	}
-	delete(ix.byID, e.id)
-	q.byState[e.state].Delete(e)
-	q.names(e.state).Delete(e)
-	if timed(e.state) {
-		ix.due.Delete(e)
-	}
-	c := &q.counts[e.state]
-	c.N--
-	c.Bytes -= e.size
+	ix.Delete(e)
 }
 
-// load adds a message read from the snapshot. It checks what applyOp
+// load adds a message read from the snapshot. It checks what ApplyOp
 // checks.
 func (ix *index) load(m *queuecore.Message) error {
-	q, err := ix.checkPlace(m)
+	q, err := ix.CheckPlace(m)
 	if err != nil {
 		return err
 	}
@@ -342,49 +244,28 @@ func (ix *index) load(m *queuecore.Message) error {
 		}
 		return fmt.Errorf("message %d: ID %w", m.ID, queuecore.ErrExists)
 	}
-	e := newEntry(m, q)
-	if other, err := q.named(m.Name, m.State == queuecore.StateArchived); err != nil || other != nil {
+	e := memindex.NewEntry(m, q)
+	if other, err := named(q, m.Name, m.State == queuecore.StateArchived); err != nil || other != nil {
 		if err != nil {
 			return err
 		}
 		return fmt.Errorf("message %d: %s %q in queue %s %w (message %d)",
-			m.ID, kindOfName(m.State), m.Name, m.Queue, queuecore.ErrExists, other.id)
+			m.ID, memindex.KindOfName(m.State), m.Name, m.Queue, queuecore.ErrExists, other.ID)
 	}
-	ix.add(e)
-	ix.maxID = max(ix.maxID, e.id, e.seq)
+	ix.Add(e)
+	ix.MaxID = max(ix.MaxID, e.ID, e.Seq)
 	return nil
 }
 
-// change is one applied op: old is the entry before (nil for an insert),
-// new the entry after (nil for a delete).
-type change struct {
-	old, new *entry
-}
+// applyOps applies a batch, all of it or nothing (memindex.ApplyOps).
+func (ix *index) applyOps(ops []queuecore.Op) ([]change, error) { return memindex.ApplyOps(ix, ops) }
 
-// applyOps validates ops one by one against the index and applies each, so
-// that later ops see earlier ones. If one fails, the ones before are undone
-// and the index is as it was: a failing batch changes nothing.
-func (ix *index) applyOps(ops []queuecore.Op) ([]change, error) {
-	changes := make([]change, 0, len(ops))
-	for i := range ops {
-		c, err := ix.applyOp(&ops[i])
-		if err != nil {
-			ix.undo(changes)
-			if len(ops) > 1 {
-				err = fmt.Errorf("op %d of %d: %w", i+1, len(ops), err)
-			}
-			return nil, err
-		}
-		changes = append(changes, c)
-	}
-	return changes, nil
-}
-
-func (ix *index) applyOp(op *queuecore.Op) (change, error) {
+// ApplyOp checks op against the index, spills included, and applies it.
+func (ix *index) ApplyOp(op *queuecore.Op) (change, error) {
 	m := &op.Msg
 	switch op.Kind {
 	case queuecore.OpInsert:
-		q, err := ix.checkPlace(m)
+		q, err := ix.CheckPlace(m)
 		if err != nil {
 			return change{}, err
 		}
@@ -394,17 +275,17 @@ func (ix *index) applyOp(op *queuecore.Op) (change, error) {
 			}
 			return change{}, fmt.Errorf("insert message %d: ID %w", m.ID, queuecore.ErrExists)
 		}
-		other, err := q.named(m.Name, m.State == queuecore.StateArchived)
+		other, err := named(q, m.Name, m.State == queuecore.StateArchived)
 		if err != nil {
 			return change{}, err
 		}
 		if other != nil {
 			return change{}, fmt.Errorf("insert message %d: %s %q in queue %s %w (message %d)",
-				m.ID, kindOfName(m.State), m.Name, m.Queue, queuecore.ErrExists, other.id)
+				m.ID, memindex.KindOfName(m.State), m.Name, m.Queue, queuecore.ErrExists, other.ID)
 		}
-		e := newEntry(m, q)
-		ix.add(e)
-		return change{new: e}, nil
+		e := memindex.NewEntry(m, q)
+		ix.Add(e)
+		return change{New: e}, nil
 	case queuecore.OpUpdate:
 		old, err := ix.get(m.ID)
 		if err != nil {
@@ -413,22 +294,22 @@ func (ix *index) applyOp(op *queuecore.Op) (change, error) {
 		if old == nil {
 			return change{}, fmt.Errorf("update message %d: %w", m.ID, queuecore.ErrNotFound)
 		}
-		q, err := ix.checkPlace(m)
+		q, err := ix.CheckPlace(m)
 		if err != nil {
 			return change{}, err
 		}
-		other, err := q.named(m.Name, m.State == queuecore.StateArchived)
+		other, err := named(q, m.Name, m.State == queuecore.StateArchived)
 		if err != nil {
 			return change{}, err
 		}
-		if other != nil && other.id != old.id {
+		if other != nil && other.ID != old.ID {
 			return change{}, fmt.Errorf("update message %d: %s %q in queue %s %w (message %d)",
-				m.ID, kindOfName(m.State), m.Name, m.Queue, queuecore.ErrExists, other.id)
+				m.ID, memindex.KindOfName(m.State), m.Name, m.Queue, queuecore.ErrExists, other.ID)
 		}
-		e := newEntry(m, q)
-		ix.remove(old)
-		ix.add(e)
-		return change{old: old, new: e}, nil
+		e := memindex.NewEntry(m, q)
+		ix.Remove(old)
+		ix.Add(e)
+		return change{Old: old, New: e}, nil
 	case queuecore.OpDelete:
 		old, err := ix.get(m.ID)
 		if err != nil {
@@ -437,93 +318,34 @@ func (ix *index) applyOp(op *queuecore.Op) (change, error) {
 		if old == nil {
 			return change{}, fmt.Errorf("delete message %d: %w", m.ID, queuecore.ErrNotFound)
 		}
-		ix.remove(old)
-		return change{old: old}, nil
+		ix.Remove(old)
+		return change{Old: old}, nil
 	}
 	return change{}, fmt.Errorf("op kind %d: %w", op.Kind, errBadOp)
-}
-
-func kindOfName(st queuecore.State) string {
-	if st == queuecore.StateArchived {
-		return "archived name"
-	}
-	return "live name"
-}
-
-// checkPlace checks that m can be kept: a known queue, a valid state and a
-// name that is a safe file name.
-func (ix *index) checkPlace(m *queuecore.Message) (*queue, error) {
-	if !m.State.Valid() {
-		return nil, fmt.Errorf("message %d: state %d: %w", m.ID, m.State, errBadOp)
-	}
-	if err := queuecore.CheckMessageName(m.Name); err != nil {
-		return nil, fmt.Errorf("message %d: %w", m.ID, err)
-	}
-	q := ix.queues[m.Queue]
-	if q == nil {
-		return nil, fmt.Errorf("message %d: queue %q: %w", m.ID, m.Queue, queuecore.ErrNotFound)
-	}
-	return q, nil
-}
-
-// undo reverts applied changes, last first.
-func (ix *index) undo(changes []change) {
-	for i := len(changes) - 1; i >= 0; i-- {
-		c := changes[i]
-		if c.new != nil {
-			ix.remove(c.new)
-		}
-		if c.old != nil {
-			ix.add(c.old)
-		}
-	}
 }
 
 // noteIDs raises maxID to cover the IDs and Seqs of committed changes.
 func (ix *index) noteIDs(changes []change) {
 	for _, c := range changes {
-		if c.new != nil {
-			ix.maxID = max(ix.maxID, c.new.id, c.new.seq)
+		if c.New != nil {
+			ix.MaxID = max(ix.MaxID, c.New.ID, c.New.Seq)
 		}
 	}
 }
 
 // putQueue creates a queue or replaces its info, keeping its messages.
 func (ix *index) putQueue(info queuecore.QueueInfo) {
-	if q := ix.queues[info.Name]; q != nil {
-		q.info = info
+	if q := ix.Queues[info.Name]; q != nil {
+		q.Info = info
 		return
 	}
-	ix.queues[info.Name] = newQueue(info)
+	ix.Queues[info.Name] = memindex.NewQueue[queueSpill](info)
 }
 
 // deleteQueue removes a queue and every message in it.
 func (ix *index) deleteQueue(q *queue) {
-	for _, st := range queuecore.States {
-		q.byState[st].Ascend(func(e *entry) bool {
-			delete(ix.byID, e.id)
-			if timed(e.state) {
-				ix.due.Delete(e)
-			}
-			return true
-		})
-	}
+	ix.DropQueue(q)
 	ix.dropSpill(q)
-	delete(ix.queues, q.name)
-}
-
-// sortedQueues returns the queues by name.
-func (ix *index) sortedQueues() []*queue {
-	qs := make([]*queue, 0, len(ix.queues))
-	for _, q := range ix.queues {
-		qs = append(qs, q)
-	}
-	sortQueues(qs)
-	return qs
-}
-
-func sortQueues(qs []*queue) {
-	slices.SortFunc(qs, func(a, b *queue) int { return strings.Compare(a.name, b.name) })
 }
 
 // lacks says whether no message has ID id (a spill that cannot be read

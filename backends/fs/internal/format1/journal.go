@@ -31,16 +31,13 @@ var crcTable = crc32.MakeTable(crc32.Castagnoli)
 // the position of the file's first byte, so that positions keep growing
 // across a rotation.
 //
-// The file is extended with zeros ahead of the records (zeroed), a chunk at
-// a time: an fdatasync of a write over allocated blocks only flushes data,
-// while one of an append also updates the file's size and block map, which
-// costs about 1.5 times as much on this kind of machine (docs/mount-bench.md, Baselines).
-// Replay reads a header of zeros as the end of the journal.
+// The build that wrote format 1 extended the file with zeros ahead of the
+// records, a chunk at a time; replay reads a header of zeros as the end of
+// the journal.
 type journal struct {
-	f      *os.File
-	base   int64
-	size   int64 // bytes of records
-	zeroed int64 // bytes of the file: records, then zeros
+	f    *os.File
+	base int64
+	size int64 // bytes of records
 
 	// prev, in SyncFull and SyncStrict, is the journal this one replaced
 	// while its tail and the store directory (the names journal.old and
@@ -51,56 +48,6 @@ type journal struct {
 }
 
 func (j *journal) end() int64 { return j.base + j.size }
-
-// zeroChunk is how far ahead of its records a journal is extended.
-const zeroChunk = 1 << 20
-
-// bigRecord is the size from which a record is not zeroed ahead: it is
-// written over the zeros left and extends the file. Zeroing ahead of it
-// would write its bytes twice (zeros, then the record, often both before
-// the fdatasync), which costs far more than the fdatasync's update of the
-// file's size (docs/performance-history.md, 1 MiB messages).
-const bigRecord = zeroChunk / 4
-
-// reserve makes sure n more bytes of records fall on allocated zeros, or,
-// for a big record, only says that the file will end with it.
-func (j *journal) reserve(n int) error {
-	need := j.size + int64(n)
-	if need <= j.zeroed {
-		return nil
-	}
-	if n >= bigRecord {
-		j.zeroed = need
-		return nil
-	}
-	grow := max(zeroChunk, need-j.zeroed)
-	zeros := make([]byte, min(grow, zeroChunk))
-	for off := j.zeroed; off < j.zeroed+grow; off += int64(len(zeros)) {
-		k := min(int64(len(zeros)), j.zeroed+grow-off)
-		if _, err := j.f.WriteAt(zeros[:k], off); err != nil {
-			return fmt.Errorf("extend journal: %w", err)
-		}
-	}
-	j.zeroed += grow
-	return nil
-}
-
-// newFrame starts a frame: header space, then the payload is appended.
-func newFrame(sizeHint int) []byte {
-	return make([]byte, frameHeaderLen, frameHeaderLen+sizeHint)
-}
-
-// sealFrame fills in the header of a frame built on newFrame.
-func sealFrame(b []byte) []byte {
-	payload := b[frameHeaderLen:]
-	h := b[:0]
-	h = append(h, '#')
-	h = appendHex32(h, uint32(len(payload)))
-	h = append(h, ' ')
-	h = appendHex32(h, crc32.Checksum(payload, crcTable))
-	_ = append(h, '\n') // h shares b's first frameHeaderLen bytes
-	return b
-}
 
 func appendHex32(b []byte, v uint32) []byte {
 	for shift := 28; shift >= 0; shift -= 4 {
@@ -121,82 +68,6 @@ func parseFrameHeader(h []byte) (n int, crc uint32, ok bool) {
 		return 0, 0, false
 	}
 	return int(l), uint32(c), true
-}
-
-// encodeApplyRecord frames a batch. bodyAt[i] is where op i's body starts
-// in the frame (inserts only), so that the in-memory copy of a body whose
-// file is not written yet can share the frame's bytes. An insert whose
-// staged[i] is set has its body in DIR/staged: the record gives its size
-// and CRC-32C ("file", "crc") instead of its bytes ("body").
-func encodeApplyRecord(lsn uint64, ops []queuecore.Op, staged []*stagedBody) (frame []byte, bodyAt []int) {
-	isStaged := func(i int) bool { return staged != nil && staged[i] != nil }
-	hint := 32
-	for i := range ops {
-		hint += 200 + len(ops[i].Msg.Name) + len(ops[i].Msg.Consumer) + len(ops[i].Msg.ReasonMessage)
-		if !isStaged(i) {
-			hint += len(ops[i].Body)
-		}
-	}
-	b := newFrame(hint)
-	b = append(b, `{"lsn":`...)
-	b = strconv.AppendUint(b, lsn, 10)
-	b = append(b, `,"ops":[`...)
-	for i := range ops {
-		op := &ops[i]
-		if i > 0 {
-			b = append(b, ',')
-		}
-		switch op.Kind {
-		case queuecore.OpInsert:
-			if isStaged(i) {
-				b = append(b, `{"op":"insert","file":`...)
-				b = strconv.AppendInt(b, int64(staged[i].n), 10)
-				b = append(b, `,"crc":`...)
-				b = strconv.AppendUint(b, uint64(staged[i].crc), 10)
-			} else {
-				b = append(b, `{"op":"insert","body":`...)
-				b = strconv.AppendInt(b, int64(len(op.Body)), 10)
-			}
-			b = append(b, `,"msg":`...)
-			b = appendMessageJSON(b, &op.Msg)
-		case queuecore.OpUpdate:
-			b = append(b, `{"op":"update","msg":`...)
-			b = appendMessageJSON(b, &op.Msg)
-		case queuecore.OpDelete:
-			b = append(b, `{"op":"delete","id":`...)
-			b = strconv.AppendUint(b, op.Msg.ID, 10)
-		}
-		b = append(b, '}')
-	}
-	b = append(b, "]}\n"...)
-	bodyAt = make([]int, len(ops))
-	for i := range ops {
-		if ops[i].Kind == queuecore.OpInsert && !isStaged(i) {
-			bodyAt[i] = len(b)
-			b = append(b, ops[i].Body...)
-		}
-	}
-	return sealFrame(b), bodyAt
-}
-
-func encodePutQueueRecord(lsn uint64, q *queuecore.QueueInfo) []byte {
-	b := newFrame(128 + len(q.Policy))
-	b = append(b, `{"lsn":`...)
-	b = strconv.AppendUint(b, lsn, 10)
-	b = append(b, `,"put_queue":`...)
-	b = appendQueueJSON(b, q)
-	b = append(b, "}\n"...)
-	return sealFrame(b)
-}
-
-func encodeDeleteQueueRecord(lsn uint64, name string) []byte {
-	b := newFrame(64 + len(name))
-	b = append(b, `{"lsn":`...)
-	b = strconv.AppendUint(b, lsn, 10)
-	b = append(b, `,"delete_queue":`...)
-	b = appendQuoted(b, name)
-	b = append(b, "}\n"...)
-	return sealFrame(b)
 }
 
 // record is a decoded journal record: one of ops, putQueue or deleteQueue.

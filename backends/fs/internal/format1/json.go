@@ -11,6 +11,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"yirangmq/backends"
 	"yirangmq/queuecore"
 )
 
@@ -199,7 +200,7 @@ func appendTimeField(b []byte, key string, t time.Time) []byte {
 	if t.IsZero() {
 		return b
 	}
-	return strconv.AppendInt(appendKey(b, key), toNanos(t), 10)
+	return strconv.AppendInt(appendKey(b, key), backends.Nanos(t), 10)
 }
 
 func appendTextField(b []byte, key, s string, always bool) []byte {
@@ -414,9 +415,11 @@ func (r *jsonReader) int() (int64, error) {
 	return int64(n), err
 }
 
+// time reads a time as format 1 did: 0 is the Unix epoch, not the zero
+// time (backends.FromNanos), since format 1 writes no field for a zero time.
 func (r *jsonReader) time() (time.Time, error) {
 	n, err := r.int()
-	return fromNanos(n), err
+	return time.Unix(0, n), err
 }
 
 // skip reads over any value.

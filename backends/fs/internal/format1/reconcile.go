@@ -67,7 +67,7 @@ func (s *Store) reconcile(ctx context.Context, rs *replayState) (int, error) {
 		return 0, err
 	}
 	for _, name := range names {
-		if s.ix.queues[name] != nil {
+		if s.ix.Queues[name] != nil {
 			continue
 		}
 		p := filepath.Join(s.qdir, name)
@@ -86,7 +86,7 @@ func (s *Store) reconcile(ctx context.Context, rs *replayState) (int, error) {
 			return 0, err
 		}
 	}
-	for _, q := range s.ix.sortedQueues() {
+	for _, q := range s.ix.SortedQueues() {
 		if err := ctx.Err(); err != nil {
 			return 0, err
 		}
@@ -109,8 +109,8 @@ func (s *Store) reconcile(ctx context.Context, rs *replayState) (int, error) {
 // queue reconciles one queue's directory.
 func (r *reconciler) queue(q *queue) error {
 	s := r.s
-	dir := filepath.Join(s.qdir, q.name)
-	if err := s.mkQueueDirs(q.name); err != nil {
+	dir := filepath.Join(s.qdir, q.Name)
+	if err := s.mkQueueDirs(q.Name); err != nil {
 		return err
 	}
 	names, err := readNames(dir)
@@ -121,7 +121,7 @@ func (r *reconciler) queue(q *queue) error {
 		if _, ok := queuecore.StateFromDir(name); ok {
 			continue
 		}
-		if err := r.toLostFound(filepath.Join(dir, name), q.name+"/"+name); err != nil {
+		if err := r.toLostFound(filepath.Join(dir, name), q.Name+"/"+name); err != nil {
 			return err
 		}
 	}
@@ -140,43 +140,29 @@ func (r *reconciler) queue(q *queue) error {
 // directory is read a chunk at a time, so that memory stays bounded.
 func (r *reconciler) stateDir(q *queue, st queuecore.State) error {
 	s := r.s
-	dir := filepath.Join(s.qdir, q.name, st.Dir())
-	f, err := os.Open(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	want := make(map[string]*entry, q.byState[st].Len())
-	q.byState[st].Ascend(func(e *entry) bool {
-		want[e.name()] = e
+	dir := filepath.Join(s.qdir, q.Name, st.Dir())
+	want := make(map[string]*entry, q.ByState[st].Len())
+	q.ByState[st].Ascend(func(e *entry) bool {
+		want[e.Name()] = e
 		return true
 	})
 	var sp *spill
 	var seen []uint64
-	if st == queuecore.StateReady && q.spill != nil {
-		sp = q.spill
+	if st == queuecore.StateReady && q.Ext.spill != nil {
+		sp = q.Ext.spill
 		seen = make([]uint64, len(sp.gone))
 	}
-	for {
-		names, err := f.Readdirnames(4096)
-		if err != nil && !errors.Is(err, io.EOF) {
-			return fmt.Errorf("read directory %s: %w", dir, err)
-		}
-		if len(names) == 0 {
-			break
-		}
-		if err := r.names(q, dir, names, want, sp, seen); err != nil {
-			return err
-		}
+	found, err := readChunks(dir, func(names []string) error {
+		return r.names(q, dir, names, want, sp, seen)
+	})
+	if err != nil || !found {
+		return err
 	}
 	for _, e := range want {
 		r.missing = append(r.missing, e)
 	}
 	return sp.each(q, func(e *entry) {
-		if x := int(e.slot - 1); seen[x/64]&(1<<(x%64)) == 0 {
+		if x := int(e.Slot - 1); seen[x/64]&(1<<(x%64)) == 0 {
 			r.missing = append(r.missing, e)
 		}
 	})
@@ -193,7 +179,7 @@ func (r *reconciler) names(q *queue, dir string, names []string, want map[string
 			}
 			continue
 		}
-		touched := r.rs.isTouched(q.name, p)
+		touched := r.rs.isTouched(q.Name, p)
 		e := want[name]
 		fromSpill := false
 		if e == nil && sp != nil && !strings.HasPrefix(name, tempPrefix) {
@@ -204,7 +190,7 @@ func (r *reconciler) names(q *queue, dir string, names []string, want map[string
 			e, fromSpill = se, se != nil
 		}
 		if e == nil {
-			r.addStray(p, q.name, name, touched)
+			r.addStray(p, q.Name, name, touched)
 			continue
 		}
 		if touched {
@@ -219,7 +205,7 @@ func (r *reconciler) names(q *queue, dir string, names []string, want map[string
 			}
 		}
 		if fromSpill {
-			x := int(e.slot - 1)
+			x := int(e.Slot - 1)
 			seen[x/64] |= 1 << (x % 64)
 		} else {
 			delete(want, name)
@@ -234,10 +220,10 @@ func (r *reconciler) names(q *queue, dir string, names []string, want map[string
 // damaged body is rewritten from the journal.
 func (r *reconciler) check(e *entry, p string) (ok bool, err error) {
 	owner, ownerOK := readOwner(p)
-	if ownerOK && owner != e.id {
-		return false, r.moveAside(p, e.q.name, e.name(), true)
+	if ownerOK && owner != e.ID {
+		return false, r.moveAside(p, e.Q.Name, e.Name(), true)
 	}
-	ref, has := r.rs.bodies[e.id]
+	ref, has := r.rs.bodies[e.ID]
 	if !has {
 		return true, nil
 	}
@@ -259,12 +245,12 @@ func (r *reconciler) check(e *entry, p string) (ok bool, err error) {
 		if !ownerOK {
 			// Whose it is is unknown: kept as a stray; resolve looks in
 			// DIR/staged for e's body.
-			return false, r.moveAside(p, e.q.name, e.name(), true)
+			return false, r.moveAside(p, e.Q.Name, e.Name(), true)
 		}
 		placed, err := r.placeStaged(e, p, *ref.staged)
 		if err == nil && !placed {
 			r.s.log.Error("the body file of a message is not the size its record says, and its staged copy is gone; kept as it is",
-				logID, e.id, logPath, p, logBytes, ref.staged.n)
+				logID, e.ID, logPath, p, logBytes, ref.staged.n)
 		}
 		return err == nil, err
 	}
@@ -278,13 +264,13 @@ func (r *reconciler) check(e *entry, p string) (ok bool, err error) {
 	}
 	if !ownerOK {
 		// Whose it is is unknown: keep it as a stray, not overwritten.
-		if err := r.moveAside(p, e.q.name, e.name(), true); err != nil {
+		if err := r.moveAside(p, e.Q.Name, e.Name(), true); err != nil {
 			return false, err
 		}
 	}
 	r.rewritten++
-	r.logf(r.rewritten, "rewrote a damaged body from the journal", logID, e.id, logPath, p)
-	return true, r.s.writeBody(p, e.id, want)
+	r.logf(r.rewritten, "rewrote a damaged body from the journal", logID, e.ID, logPath, p)
+	return true, r.s.writeBody(p, e.ID, want)
 }
 
 // moveAside renames the file at p to a temp name in its directory and keeps
@@ -350,20 +336,27 @@ func (r *reconciler) resolve() error {
 		}
 		return nil
 	}
+	// moveTo renames x to p, where the body of e belongs.
+	moveTo := func(x *stray, e *entry, p string) error {
+		s.dirty.file(p)
+		s.dirty.dir(filepath.Dir(x.path))
+		if err := renameMkdir(x.path, p); err != nil {
+			return err
+		}
+		s.dirty.moved(x.path, p, e.ID)
+		r.moved++
+		r.logf(r.moved, "moved a body to where its message is", logID, e.ID, logFrom, x.path, logTo, p)
+		return nil
+	}
 	for _, e := range r.missing {
 		p := s.entryPath(e)
-		if x := claim(byOwner[e.id]); x != nil {
-			s.dirty.file(p)
-			s.dirty.dir(filepath.Dir(x.path))
-			if err := renameMkdir(x.path, p); err != nil {
+		if x := claim(byOwner[e.ID]); x != nil {
+			if err := moveTo(x, e, p); err != nil {
 				return err
 			}
-			s.dirty.moved(x.path, p, e.id)
-			r.moved++
-			r.logf(r.moved, "moved a body to where its message is", logID, e.id, logFrom, x.path, logTo, p)
 			continue
 		}
-		if ref, ok := r.rs.bodies[e.id]; ok && ref.staged != nil {
+		if ref, ok := r.rs.bodies[e.ID]; ok && ref.staged != nil {
 			placed, err := r.placeStaged(e, p, *ref.staged)
 			if err != nil {
 				return err
@@ -376,34 +369,29 @@ func (r *reconciler) resolve() error {
 			if err != nil {
 				return err
 			}
-			if err := s.writeBody(p, e.id, b); err != nil {
+			if err := s.writeBody(p, e.ID, b); err != nil {
 				return err
 			}
 			r.written++
-			r.logf(r.written, "wrote a missing body from the journal", logID, e.id, logPath, p)
+			r.logf(r.written, "wrote a missing body from the journal", logID, e.ID, logPath, p)
 			continue
 		}
-		x := fromHistory(e.id)
+		x := fromHistory(e.ID)
 		if x == nil {
-			x = claim(byName[[2]string{e.q.name, e.name()}])
+			x = claim(byName[[2]string{e.Q.Name, e.Name()}])
 		}
 		if x != nil {
-			s.dirty.file(p)
-			s.dirty.dir(filepath.Dir(x.path))
-			if err := renameMkdir(x.path, p); err != nil {
+			if err := moveTo(x, e, p); err != nil {
 				return err
 			}
-			s.dirty.moved(x.path, p, e.id)
-			r.moved++
-			r.logf(r.moved, "moved a body to where its message is", logID, e.id, logFrom, x.path, logTo, p)
 			continue
 		}
 		// Only a power cut in SyncNormal or SyncOff, or a hand, can get
 		// here: the message cannot be served, so it goes.
 		r.lost++
-		s.ix.remove(e)
+		s.ix.Remove(e)
 		if r.lost <= maxLogged*5 {
-			s.log.Error("the body of a message is lost; the message is dropped", logID, e.id, logPath, p)
+			s.log.Error("the body of a message is lost; the message is dropped", logID, e.ID, logPath, p)
 		}
 	}
 	for _, x := range r.strays {
@@ -453,19 +441,42 @@ func (r *reconciler) logf(n int, msg string, args ...any) {
 	}
 }
 
-// readNames lists a directory; a missing one is empty.
-func readNames(dir string) ([]string, error) {
+// readChunks calls fn with the names of dir a chunk at a time, so that a
+// directory of a million files costs a chunk of memory. A missing dir is
+// not read: found is false. A read error ends it before fn sees the names
+// read with it.
+func readChunks(dir string, fn func(names []string) error) (found bool, err error) {
 	f, err := os.Open(dir)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
+		return false, nil
 	}
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	for {
+		names, err := f.Readdirnames(4096)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return true, fmt.Errorf("read directory %s: %w", dir, err)
+		}
+		if len(names) == 0 {
+			return true, nil
+		}
+		if err := fn(names); err != nil {
+			return true, err
+		}
+	}
+}
+
+// readNames lists a directory; a missing one is empty.
+func readNames(dir string) ([]string, error) {
+	var all []string
+	_, err := readChunks(dir, func(names []string) error {
+		all = append(all, names...)
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	names, err := f.Readdirnames(-1)
-	if err != nil {
-		return nil, fmt.Errorf("read directory %s: %w", dir, err)
-	}
-	return names, nil
+	return all, nil
 }

@@ -209,23 +209,23 @@ func (s *Store) replayRecord(rec *record, rs *replayState, file int, off int64) 
 		}
 		s.ix.putQueue(*rec.putQueue)
 	case rec.deleteQueue != "":
-		q := s.ix.queues[rec.deleteQueue]
+		q := s.ix.Queues[rec.deleteQueue]
 		if q == nil {
 			s.log.Error("journal record deletes an unknown queue; skipped", logLSN, rec.lsn, logQueue, rec.deleteQueue)
 			rs.skipped++
 			return
 		}
 		for _, st := range queuecore.States {
-			q.byState[st].Ascend(func(e *entry) bool {
-				delete(rs.bodies, e.id)
+			q.ByState[st].Ascend(func(e *entry) bool {
+				delete(rs.bodies, e.ID)
 				return true
 			})
 		}
-		if err := q.spill.each(q, func(e *entry) { delete(rs.bodies, e.id) }); err != nil {
+		if err := q.Ext.spill.each(q, func(e *entry) { delete(rs.bodies, e.ID) }); err != nil {
 			s.log.Error("read spill of a deleted queue", logErr, err)
 		}
 		s.ix.deleteQueue(q)
-		rs.deletedQueues[q.name] = true
+		rs.deletedQueues[q.Name] = true
 	default:
 		changes, err := s.ix.applyOps(rec.ops)
 		if err != nil {
@@ -236,24 +236,24 @@ func (s *Store) replayRecord(rec *record, rs *replayState, file int, off int64) 
 		s.ix.noteIDs(changes)
 		for i, c := range changes {
 			var oldPath, newPath string
-			if c.old != nil {
-				oldPath = s.entryPath(c.old)
+			if c.Old != nil {
+				oldPath = s.entryPath(c.Old)
 				rs.touched[pathHash(oldPath)] = true
 			}
-			if c.new != nil {
-				newPath = s.entryPath(c.new)
+			if c.New != nil {
+				newPath = s.entryPath(c.New)
 				rs.touched[pathHash(newPath)] = true
 			}
 			switch {
-			case c.old == nil && rec.staged != nil && rec.staged[i] != nil:
-				rs.bodies[c.new.id] = bodyRef{staged: rec.staged[i]}
-			case c.old == nil:
-				rs.bodies[c.new.id] = bodyRef{file: file, off: off + int64(rec.bodyAt[i]), n: len(rec.ops[i].Body)}
-			case c.new == nil:
-				delete(rs.bodies, c.old.id)
-				delete(rs.history, c.old.id)
+			case c.Old == nil && rec.staged != nil && rec.staged[i] != nil:
+				rs.bodies[c.New.ID] = bodyRef{staged: rec.staged[i]}
+			case c.Old == nil:
+				rs.bodies[c.New.ID] = bodyRef{file: file, off: off + int64(rec.bodyAt[i]), n: len(rec.ops[i].Body)}
+			case c.New == nil:
+				delete(rs.bodies, c.Old.ID)
+				delete(rs.history, c.Old.ID)
 			case oldPath != newPath:
-				rs.history[c.new.id] = append(rs.history[c.new.id], oldPath)
+				rs.history[c.New.ID] = append(rs.history[c.New.ID], oldPath)
 			}
 		}
 	}

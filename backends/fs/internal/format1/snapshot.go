@@ -53,15 +53,15 @@ func (img *snapshotImage) release() {
 // imageLocked takes an image of the index; the caller holds the write lock
 // (Clone writes to the tree it clones).
 func (s *Store) imageLocked() *snapshotImage {
-	img := &snapshotImage{lsn: s.lsn, maxID: s.ix.maxID}
-	for _, q := range s.ix.sortedQueues() {
-		img.queues = append(img.queues, q.info)
+	img := &snapshotImage{lsn: s.lsn, maxID: s.ix.MaxID}
+	for _, q := range s.ix.SortedQueues() {
+		img.queues = append(img.queues, q.Info)
 		for _, st := range queuecore.States {
-			t := q.byState[st]
+			t := q.ByState[st]
 			var v *spillView
-			if st == queuecore.StateReady && q.spill != nil {
-				v = q.spill.view(true)
-				img.count += q.spill.live
+			if st == queuecore.StateReady && q.Ext.spill != nil {
+				v = q.Ext.spill.view(true)
+				img.count += q.Ext.spill.live
 			} else if t.Len() == 0 {
 				continue
 			}
@@ -106,7 +106,7 @@ func writeSnapshot(dir string, img *snapshotImage, sync bool) (int64, error) {
 		flush()
 		for i, t := range img.trees {
 			write := func(e *entry) bool {
-				m := e.message()
+				m := e.Message()
 				b = appendMessageJSON(b, &m)
 				b = append(b, '\n')
 				if len(b) > 3000 {
@@ -259,8 +259,8 @@ func readSnapshot(dir string, ix *index) (snapshotState, error) {
 	if err != nil || end != nMessages || !bytes.Equal(got, want) {
 		return st, fmt.Errorf("%w: trailer %q does not match the content (crc %s, %d messages)", errBadSnapshot, line, want, nMessages)
 	}
-	ix.maxID = max(ix.maxID, st.maxID)
-	st.maxID = ix.maxID
+	ix.MaxID = max(ix.MaxID, st.maxID)
+	st.maxID = ix.MaxID
 	if fi, err := f.Stat(); err == nil {
 		st.size = fi.Size()
 	}

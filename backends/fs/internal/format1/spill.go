@@ -17,6 +17,7 @@ import (
 	"github.com/google/btree"
 	"golang.org/x/sys/unix"
 
+	"yirangmq/backends/fs/internal/memindex"
 	"yirangmq/queuecore"
 )
 
@@ -111,14 +112,14 @@ func (sp *spill) after(e *entry) bool {
 	if sp.n == 0 {
 		return true
 	}
-	last := entry{key: sp.lastKey, seq: sp.lastSeq, id: sp.last}
-	return lessOrder(&last, e)
+	last := entry{Key: sp.lastKey, Seq: sp.lastSeq, ID: sp.last}
+	return memindex.LessOrder(&last, e)
 }
 
 // canTake says whether e can be appended: it sorts after the last record
 // and its ID is larger than those of the blocks before the one before.
 func (sp *spill) canTake(e *entry) bool {
-	if b := sp.n/spillPerBlock - 2; b >= 0 && e.id <= sp.blockMax[b] {
+	if b := sp.n/spillPerBlock - 2; b >= 0 && e.ID <= sp.blockMax[b] {
 		return false
 	}
 	return sp.after(e)
@@ -133,12 +134,12 @@ func slotOf(h uint32, bits uint) uint32 { return (h * 0x9E3779B1) >> (32 - bits)
 // append writes e as the next record and returns its number.
 func (sp *spill) append(e *entry) (int, error) {
 	var buf [320]byte
-	rec := binary.AppendUvarint(buf[:0], e.id)
-	rec = binary.AppendUvarint(rec, e.seq)
-	rec = binary.AppendVarint(rec, e.key)
-	rec = binary.AppendVarint(rec, e.size)
-	rec = append(rec, e.nlen)
-	rec = append(rec, e.data...)
+	rec := binary.AppendUvarint(buf[:0], e.ID)
+	rec = binary.AppendUvarint(rec, e.Seq)
+	rec = binary.AppendVarint(rec, e.Key)
+	rec = binary.AppendVarint(rec, e.Size)
+	rec = append(rec, e.NLen)
+	rec = append(rec, e.Data...)
 	var hdr [binary.MaxVarintLen64]byte
 	h := binary.PutUvarint(hdr[:], uint64(len(rec)))
 	out := make([]byte, 0, h+len(rec))
@@ -155,15 +156,15 @@ func (sp *spill) append(e *entry) (int, error) {
 		sp.blockOff = append(sp.blockOff, sp.size)
 		sp.blockMax = append(sp.blockMax, prev)
 	}
-	sp.blockMax[len(sp.blockMax)-1] = max(sp.blockMax[len(sp.blockMax)-1], e.id)
+	sp.blockMax[len(sp.blockMax)-1] = max(sp.blockMax[len(sp.blockMax)-1], e.ID)
 	sp.size += int64(len(out))
 	sp.n++
 	sp.live++
-	sp.hashes = append(sp.hashes, sp.hash(e.name()))
+	sp.hashes = append(sp.hashes, sp.hash(e.Name()))
 	if r/64 >= len(sp.gone) {
 		sp.gone = append(sp.gone, 0)
 	}
-	sp.lastKey, sp.lastSeq, sp.last = e.key, e.seq, e.id
+	sp.lastKey, sp.lastSeq, sp.last = e.Key, e.Seq, e.ID
 	if (sp.inTable+1)*4 > len(sp.table)*3 {
 		sp.rebuildTable()
 	}
@@ -239,7 +240,7 @@ func (sp *spill) find(q *queue, name string) (int, *entry, error) {
 		if err != nil {
 			return -1, nil, err
 		}
-		if e.name() == name {
+		if e.Name() == name {
 			return r, e, nil
 		}
 	}
@@ -263,7 +264,7 @@ func (sp *spill) byID(q *queue, id uint64) (int, *entry, error) {
 		for _, e := range es {
 			// A message can come back to the spill (a nack, a rename):
 			// its gone records stay, so skip them.
-			if r := int(e.slot - 1); e.id == id && !sp.isGone(r) {
+			if r := int(e.Slot - 1); e.ID == id && !sp.isGone(r) {
 				return r, e, nil
 			}
 		}
@@ -296,25 +297,24 @@ func (sp *spill) decodeBlock(q *queue, b int, off, end int64, count int) ([]*ent
 		return nil, fmt.Errorf("read spill %s: %w", sp.path, err)
 	}
 	es := make([]*entry, 0, count)
-	r := packedReader{s: string(buf)}
+	r := memindex.NewReader(string(buf))
 	for range count {
-		n := r.uvarint()
-		if r.err != nil || n > uint64(len(r.s)) {
-			return nil, fmt.Errorf("spill %s block %d: %w", sp.path, b, errCorruptEntry)
+		s := r.Str() // a record: its uvarint length, then itself
+		if r.Err() != nil {
+			return nil, fmt.Errorf("spill %s block %d: %w", sp.path, b, r.Err())
 		}
-		rec := packedReader{s: r.s[:n]}
-		r.s = r.s[n:]
-		e := &entry{q: q, state: queuecore.StateReady}
-		e.id = rec.uvarint()
-		e.seq = rec.uvarint()
-		e.key = rec.varint()
-		e.size = rec.varint()
-		e.nlen = rec.byte()
-		e.data = rec.s
-		if rec.err != nil || len(e.data) < int(e.nlen) {
-			return nil, fmt.Errorf("spill %s block %d: %w", sp.path, b, errCorruptEntry)
+		rec := memindex.NewReader(s)
+		e := &entry{Q: q, State: queuecore.StateReady}
+		e.ID = rec.Uvarint()
+		e.Seq = rec.Uvarint()
+		e.Key = rec.Varint()
+		e.Size = rec.Varint()
+		e.NLen = rec.Byte()
+		e.Data = rec.Rest()
+		if rec.Err() != nil || len(e.Data) < int(e.NLen) {
+			return nil, fmt.Errorf("spill %s block %d: %w", sp.path, b, memindex.ErrCorruptEntry)
 		}
-		e.slot = int32(b*spillPerBlock + len(es) + 1)
+		e.Slot = int32(b*spillPerBlock + len(es) + 1)
 		es = append(es, e)
 	}
 	return es, nil
@@ -356,7 +356,7 @@ func (v *spillView) block(q *queue, b int, isGone func(r int) bool) ([]*entry, e
 	}
 	out := es[:0]
 	for _, e := range es {
-		r := int(e.slot - 1)
+		r := int(e.Slot - 1)
 		if r >= v.from && !isGone(r) {
 			out = append(out, e)
 		}
@@ -373,15 +373,15 @@ func (v *spillView) copiedGone(r int) bool { return v.gone[r/64]&(1<<(r%64)) != 
 // that came back to the tree after the clone is not listed twice.
 func (s *Store) listSpilled(ctx context.Context, queue string, fn func(queuecore.Message) bool) error {
 	s.mu.Lock()
-	q := s.ix.queues[queue]
+	q := s.ix.Queues[queue]
 	if q == nil {
 		s.mu.Unlock()
 		return fmt.Errorf("list queue %q: %w", queue, queuecore.ErrNotFound)
 	}
-	t := q.byState[queuecore.StateReady].Clone()
+	t := q.ByState[queuecore.StateReady].Clone()
 	var v *spillView
-	if q.spill != nil {
-		v = q.spill.view(false)
+	if q.Ext.spill != nil {
+		v = q.Ext.spill.view(false)
 	}
 	s.mu.Unlock()
 	if v != nil {
@@ -401,7 +401,7 @@ func (s *Store) listSpilled(ctx context.Context, queue string, fn func(queuecore
 			err = fmt.Errorf("list queue %q: %w", queue, err)
 		}
 		return es, true, err
-	}, func(e *entry) bool { return fn(e.message()) })
+	}, func(e *entry) bool { return fn(e.Message()) })
 }
 
 // mergeSpill calls fn with the entries of t and of the view's spill in
@@ -431,7 +431,7 @@ func mergeSpill(t *btree.BTreeG[*entry], v *spillView, block func(b int) (es []*
 		}
 		var e *entry
 		switch {
-		case len(buf) > 0 && (!memOK || lessOrder(buf[0], mem)):
+		case len(buf) > 0 && (!memOK || memindex.LessOrder(buf[0], mem)):
 			e, buf = buf[0], buf[1:]
 		case memOK:
 			e = mem
@@ -457,7 +457,7 @@ func (sp *spill) each(q *queue, fn func(*entry)) error {
 			return err
 		}
 		for _, e := range es {
-			if !sp.isGone(int(e.slot - 1)) {
+			if !sp.isGone(int(e.Slot - 1)) {
 				fn(e)
 			}
 		}

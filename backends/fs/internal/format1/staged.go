@@ -9,23 +9,20 @@ import (
 	"path/filepath"
 	"strconv"
 
-	"golang.org/x/sys/unix"
-
 	"yirangmq/backends"
 	"yirangmq/queuecore"
 )
 
-// Staged bodies: in SyncFull and SyncStrict, a body of Tuning.StageAt
-// bytes or more is not written into the journal. Apply writes it to
-// DIR/staged/ID first (with its ID xattr) and fsyncs it; every sync of a
+// Staged bodies: in SyncFull and SyncStrict, a body of defaultStageAt
+// bytes or more was not written into the journal. Apply wrote it to
+// DIR/staged/ID first (with its ID xattr) and fsynced it; every sync of a
 // journal is preceded by an fsync of DIR/staged if a body was staged
 // since the last one (syncStagedLocked, from syncRotationLocked), so no
 // commit returns before its staged file's name is durable. The record
 // holds the body's size and CRC-32C instead of its bytes, and its file
 // operation (opPlace) links the file where its message is. So a big body
 // reaches the disk once, synced by the commit that waits for it, instead
-// of twice (in the journal, then in its file at the checkpoint). A reader
-// finds the body in DIR/staged until it is placed (pendingFrom).
+// of twice (in the journal, then in its file at the checkpoint).
 //
 // A sync of the journal makes durable every byte written to it so far,
 // so a record can be durable while the name of its staged body is not: a
@@ -63,17 +60,6 @@ type stagedBody struct {
 
 func (s *Store) stagedPath(id uint64) string {
 	return s.dir + "/" + stagedDir + "/" + strconv.FormatUint(id, 10)
-}
-
-// stagedBytes is the size of the bodies of a batch that are staged.
-func stagedBytes(staged []*stagedBody) int64 {
-	var n int64
-	for _, sb := range staged {
-		if sb != nil {
-			n += int64(sb.n)
-		}
-	}
-	return n
 }
 
 // placedBody is a staged body linked where its message is: its staged
@@ -137,88 +123,6 @@ func (s *Store) stagedMissing(rec *record) (uint64, bool) {
 		return m.ID, true
 	}
 	return 0, false
-}
-
-// stageBodies writes and syncs the bodies of ops that go to DIR/staged.
-// It returns nil when none does. On an error nothing stays staged.
-// The caller has checked that some does (stages) and counts as a commit
-// in flight (Close waits for it): a straggler that staged after Close
-// could otherwise remove, on its way out, the staged file of a message of
-// the same ID committed after the store's next Open.
-func (s *Store) stageBodies(ops []queuecore.Op) ([]*stagedBody, error) {
-	var staged []*stagedBody
-	for i := range ops {
-		op := &ops[i]
-		if op.Kind != queuecore.OpInsert || len(op.Body) < s.cfg.stageAt {
-			continue
-		}
-		if staged == nil {
-			staged = make([]*stagedBody, len(ops))
-		}
-		sb, err := s.stageBody(op.Msg.ID, op.Body)
-		if err != nil {
-			s.unstage(ops, staged)
-			return nil, err
-		}
-		staged[i] = sb
-	}
-	if staged != nil {
-		s.stagedDirty.Store(true)
-	}
-	return staged, nil
-}
-
-// stages says whether some body of ops goes to DIR/staged.
-func (s *Store) stages(ops []queuecore.Op) bool {
-	if s.cfg.stageAt <= 0 || !s.opts.Sync.Durable() {
-		return false
-	}
-	for i := range ops {
-		if ops[i].Kind == queuecore.OpInsert && len(ops[i].Body) >= s.cfg.stageAt {
-			return true
-		}
-	}
-	return false
-}
-
-// stageBody writes body to DIR/staged/id with its ID xattr and fsyncs it
-// (fsync, not fdatasync: the xattr is metadata the repair reads).
-func (s *Store) stageBody(id uint64, body []byte) (*stagedBody, error) {
-	p := s.stagedPath(id)
-	// O_EXCL: a file there is the staged body of a message of this ID
-	// whose commit runs or whose placement waits (Open empties DIR/staged,
-	// a failed commit removes its own), so this insert cannot commit.
-	fd, err := unix.Open(p, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
-	if err == unix.EEXIST {
-		return nil, fmt.Errorf("stage body of message %d: %s exists: %w", id, p, queuecore.ErrExists)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("stage body of message %d: %w", id, &os.PathError{Op: "open", Path: p, Err: err})
-	}
-	err = s.writeWithID(fd, id, body)
-	if err == nil {
-		err = unix.Fsync(fd)
-		s.fsyncs.Add(1)
-	}
-	if cerr := unix.Close(fd); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		unix.Unlink(p)
-		return nil, fmt.Errorf("stage body of message %d: %w", id, &os.PathError{Op: "write", Path: p, Err: err})
-	}
-	return &stagedBody{n: len(body), crc: crc32.Checksum(body, crcTable)}, nil
-}
-
-// unstage removes the staged files of a batch that did not commit.
-func (s *Store) unstage(ops []queuecore.Op, staged []*stagedBody) {
-	for i, sb := range staged {
-		if sb != nil {
-			if err := os.Remove(s.stagedPath(ops[i].Msg.ID)); err != nil && !errors.Is(err, os.ErrNotExist) {
-				s.log.Warn("remove the staged body of a batch that did not commit (Open removes it)", logID, ops[i].Msg.ID, logErr, err)
-			}
-		}
-	}
 }
 
 // syncStagedLocked fsyncs DIR/staged if a body was staged since it last
@@ -297,7 +201,7 @@ func canLink(dir string) bool {
 // says). ok is false if it does not.
 func (r *reconciler) placeStaged(e *entry, p string, sb stagedBody) (ok bool, err error) {
 	s := r.s
-	from := s.stagedPath(e.id)
+	from := s.stagedPath(e.ID)
 	if !fileMatches(from, sb) {
 		return false, nil
 	}
@@ -308,7 +212,7 @@ func (r *reconciler) placeStaged(e *entry, p string, sb stagedBody) (ok bool, er
 		return false, err
 	}
 	r.moved++
-	r.logf(r.moved, "linked a staged body where its message is", logID, e.id, logFrom, from, logTo, p)
+	r.logf(r.moved, "linked a staged body where its message is", logID, e.ID, logFrom, from, logTo, p)
 	return true, nil
 }
 

@@ -1,7 +1,6 @@
 package format1
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -12,15 +11,14 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"golang.org/x/sys/unix"
 
 	"yirangmq/backends"
+	"yirangmq/backends/fs/internal/memindex"
+	"yirangmq/backends/fs/internal/spare"
 	"yirangmq/queuecore"
 )
-
-var _ queuecore.Store = (*Store)(nil)
 
 // Names inside the store directory.
 const (
@@ -59,7 +57,9 @@ const (
 // at most as much as the journal they replace.
 const defaultCheckpointBytes = 16 << 20
 
-var errBadOp = errors.New("invalid op")
+// errBadOp is the index's: one sentinel for a bad op, wherever found.
+// errBadOp is the index's: one sentinel for a bad op, wherever found.
+var errBadOp = memindex.ErrBadOp
 
 // config holds what tests tune.
 type config struct {
@@ -68,9 +68,8 @@ type config struct {
 	fdatasync       func(fd int) error // nil: unix.Fdatasync; tests make it fail
 	maxDirtyMoves   int                // 0: maxDirtyMoves; tests make it small
 	spillTrimAt     int                // 0: defaultSpillTrimAt; tests make it small
-	beforeFileOps   func()             // nil: nothing; tests hold a commit between its sync and its file operations
 	stageAt         int                // bodies of this size or more are staged (staged.go); 0 or less: none
-	spares          int                // spare files kept ready (spare.go); 0: spareCount, <0: none
+	spares          int                // spare files kept ready (package spare); 0: spare.Count, <0: none
 	noLock          bool               // the caller holds the store's lock (Export)
 }
 
@@ -105,11 +104,9 @@ type Store struct {
 	ckptAt      int64 // sinceCkpt that triggers a checkpoint
 	ckptRunning bool
 	inflight    sync.WaitGroup // commits that have not returned
-	lazyArmed   bool           // lazyTimer runs (commitLazyLocked); under mu
-	lazyTimer   *time.Timer
 	// stalled is set while file operations wait for space (runFileOps);
 	// held is a checkpoint that rotated the journal but could not finish
-	// for lack of space: Reclaim finishes it (space.go).
+	// for lack of space: Close tries to finish it.
 	stalled bool
 	held    *heldCheckpoint
 
@@ -128,7 +125,7 @@ type Store struct {
 	// staged names wait for a snapshot that holds their record (staged.go).
 	placed []placedBody
 
-	spares  *spares        // empty files for new bodies (spare.go); nil: none
+	spares  *spare.Pool    // empty files for new bodies; nil: none
 	bg      sync.WaitGroup // background checkpoint
 	trashWG sync.WaitGroup // removal of deleted queues' trees
 	noXattr atomic.Bool    // the file system refused user xattrs
@@ -136,47 +133,6 @@ type Store struct {
 	// is synced (syncStagedLocked).
 	stagedDirty atomic.Bool
 	dirty       dirtySet // files and directories to fsync at the next checkpoint
-}
-
-// Open opens (creating if needed) the store in dir, taking its lock, and
-// recovers it: snapshot, journal replay, reconciliation of the tree.
-func Open(ctx context.Context, dir string, opts backends.Options) (*Store, error) {
-	return open(ctx, dir, opts, config{checkpointBytes: defaultCheckpointBytes, stageAt: defaultStageAt})
-}
-
-// Tuning holds the fs store's own settings.
-type Tuning struct {
-	// SpillAt is the number of ready messages a queue keeps in memory
-	// before newer ones go to its spill file (0: DefaultSpillAt; negative:
-	// never spill, every message stays in memory).
-	SpillAt int
-	// CheckpointBytes is the least journal size that starts a checkpoint
-	// (0: 16 MiB; a larger snapshot raises it). Tests make it small, so
-	// that journal rotations and checkpoints run under their load.
-	CheckpointBytes int64
-	// StageAt is the body size from which, in SyncFull and SyncStrict, a
-	// body is written to a file of its own and synced before its commit
-	// instead of going through the journal (0: DefaultStageAt; negative:
-	// never, every body goes through the journal).
-	StageAt int
-}
-
-// DefaultStageAt is Tuning.StageAt's default.
-const DefaultStageAt = defaultStageAt
-
-// DefaultSpillAt is Tuning.SpillAt's default.
-const DefaultSpillAt = defaultSpillAt
-
-// OpenTuned is Open with Tuning.
-func OpenTuned(ctx context.Context, dir string, opts backends.Options, t Tuning) (*Store, error) {
-	cfg := config{checkpointBytes: t.CheckpointBytes, spillAt: t.SpillAt, stageAt: t.StageAt}
-	if cfg.stageAt == 0 {
-		cfg.stageAt = defaultStageAt
-	}
-	if cfg.checkpointBytes <= 0 {
-		cfg.checkpointBytes = defaultCheckpointBytes
-	}
-	return open(ctx, dir, opts, cfg)
 }
 
 func open(ctx context.Context, dir string, opts backends.Options, cfg config) (*Store, error) {
@@ -223,10 +179,10 @@ func open(ctx context.Context, dir string, opts backends.Options, cfg config) (*
 		lock.Unlock()
 		return nil, fmt.Errorf("open fs store %s: %w", dir, err)
 	}
-	s.dirty.opened(s.ix.maxID)
-	n := cmp.Or(cfg.spares, spareCount)
+	s.dirty.opened(s.ix.MaxID)
+	n := cmp.Or(cfg.spares, spare.Count)
 	var err error
-	if s.spares, err = startSpares(dir, n, s.log); err != nil {
+	if s.spares, err = spare.Start(dir, n, s.log); err != nil {
 		// Publishes create their own files, as without the pool.
 		s.log.Warn("no spare body files", logErr, err)
 	}
@@ -273,7 +229,7 @@ func (s *Store) Close() error {
 		held.img.release()
 	}
 	s.trashWG.Wait()
-	s.spares.close() // after the checkpoint, whose file operations may take one
+	s.spares.Close() // after the checkpoint, whose file operations may take one
 	if j := s.cur.Load(); j != nil {
 		if err := j.f.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("close journal: %w", err))
@@ -283,17 +239,6 @@ func (s *Store) Close() error {
 		errs = append(errs, fmt.Errorf("unlock: %w", err))
 	}
 	return errors.Join(errs...)
-}
-
-// writableLocked says whether the store takes changes.
-func (s *Store) writableLocked() error {
-	if s.closed {
-		return fmt.Errorf("fs store %s: %w", s.dir, queuecore.ErrClosed)
-	}
-	if s.failErr != nil {
-		return fmt.Errorf("fs store %s failed earlier: %w", s.dir, s.failErr)
-	}
-	return nil
 }
 
 // failLocked puts the store in the failed state: it refuses every later
@@ -319,227 +264,30 @@ func (s *Store) failure() error {
 func (s *Store) Queues(ctx context.Context) ([]queuecore.QueueInfo, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	qs := s.ix.sortedQueues()
-	out := make([]queuecore.QueueInfo, len(qs))
-	for i, q := range qs {
-		out[i] = q.info
-		out[i].Policy = bytes.Clone(q.info.Policy)
-	}
-	return out, nil
+	return s.ix.QueueInfos(), nil
 }
-
-// Lookup finds a queue's live or archived message by name.
-func (s *Store) Lookup(ctx context.Context, queue, name string, archived bool) (queuecore.Message, error) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	if q := s.ix.queues[queue]; q != nil {
-		e, err := q.named(name, archived)
-		if err != nil {
-			return queuecore.Message{}, fmt.Errorf("message %q in queue %q: %w", name, queue, err)
-		}
-		if e != nil {
-			return e.message(), nil
-		}
-	}
-	return queuecore.Message{}, fmt.Errorf("message %q in queue %q: %w", name, queue, queuecore.ErrNotFound)
-}
-
-// smallList is the size up to which List copies a tree's entries under the
-// lock; larger trees are cloned (copy-on-write, O(1)) and walked after.
-const smallList = 256
 
 // List calls fn with the messages of a queue in one state, in (SortKey,
-// Seq) order. It walks a snapshot of the state, so fn runs without a lock.
+// Seq) order. It walks a snapshot of the state, so fn runs without a lock;
+// a queue's ready messages are merged with those of its spill.
 func (s *Store) List(ctx context.Context, queue string, state queuecore.State, fn func(queuecore.Message) bool) error {
-	if !state.Valid() {
-		return fmt.Errorf("list: state %d: %w", state, errBadOp)
-	}
-	s.mu.RLock()
-	q := s.ix.queues[queue]
-	if q == nil {
+	if state == queuecore.StateReady {
+		s.mu.RLock()
+		q := s.ix.Queues[queue]
+		spilled := q != nil && q.Ext.spill != nil
 		s.mu.RUnlock()
-		return fmt.Errorf("list queue %q: %w", queue, queuecore.ErrNotFound)
-	}
-	if state == queuecore.StateReady && q.spill != nil {
-		s.mu.RUnlock()
-		return s.listSpilled(ctx, queue, fn)
-	}
-	t := q.byState[state]
-	if t.Len() <= smallList {
-		es := make([]*entry, 0, t.Len())
-		t.Ascend(func(e *entry) bool {
-			es = append(es, e)
-			return true
-		})
-		s.mu.RUnlock()
-		for _, e := range es {
-			if !fn(e.message()) {
-				break
-			}
+		if spilled {
+			return s.listSpilled(ctx, queue, fn)
 		}
-		return nil
 	}
-	s.mu.RUnlock()
-	s.mu.Lock()
-	q = s.ix.queues[queue]
-	if q == nil {
-		s.mu.Unlock()
-		return fmt.Errorf("list queue %q: %w", queue, queuecore.ErrNotFound)
-	}
-	t = q.byState[state].Clone()
-	s.mu.Unlock()
-	t.Ascend(func(e *entry) bool { return fn(e.message()) })
-	return nil
-}
-
-// Due returns up to limit leased or delayed messages due at t, earliest
-// first.
-func (s *Store) Due(ctx context.Context, t time.Time, limit int) ([]queuecore.Message, error) {
-	limit = max(limit, 0)
-	until := toNanos(t)
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	var out []queuecore.Message
-	s.ix.due.Ascend(func(e *entry) bool {
-		if len(out) >= limit || e.key > until {
-			return false
-		}
-		out = append(out, e.message())
-		return true
-	})
-	return out, nil
-}
-
-// NextDue is the earliest deadline of a leased or delayed message.
-func (s *Store) NextDue(ctx context.Context) (time.Time, bool, error) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	e, ok := s.ix.due.Min()
-	if !ok {
-		return time.Time{}, false, nil
-	}
-	return e.deadline(), true, nil
-}
-
-// Counts returns the number and bytes of messages per queue and state;
-// every queue is present, states without messages are left out.
-func (s *Store) Counts(ctx context.Context) (map[string]map[queuecore.State]queuecore.Count, error) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	out := make(map[string]map[queuecore.State]queuecore.Count, len(s.ix.queues))
-	for name, q := range s.ix.queues {
-		byState := map[queuecore.State]queuecore.Count{}
-		for _, st := range queuecore.States {
-			if c := q.counts[st]; c != (queuecore.Count{}) {
-				byState[st] = c
-			}
-		}
-		out[name] = byState
-	}
-	return out, nil
+	return s.ix.List(&s.mu, queue, state, fn)
 }
 
 // MaxID is the largest ID or Seq the store has been given.
 func (s *Store) MaxID(ctx context.Context) (uint64, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return s.ix.maxID, nil
-}
-
-// Body returns the body of message id. A body whose file is not written
-// yet comes from memory; one whose file is about to move is read where it
-// is until the move is done (bodyEntry), so a body is never read from the
-// wrong file.
-func (s *Store) Body(ctx context.Context, id uint64) ([]byte, error) {
-	at, pb, err := s.bodyEntry(id)
-	if err != nil {
-		return nil, err
-	}
-	defer s.fileMu.RUnlock()
-	if pb != nil {
-		if pb.data == nil {
-			return []byte{}, nil
-		}
-		return bytes.Clone(pb.data), nil
-	}
-	b, err := os.ReadFile(at.path)
-	if err != nil {
-		return nil, fmt.Errorf("body of message %d: %w", id, err)
-	}
-	return b, nil
-}
-
-// bodyAt is where a message's body is: its file's path and size, the
-// message's at the time of the look-up.
-type bodyAt struct {
-	path string
-	size int64
-}
-
-// bodyEntry finds message id (spilled ones too) and where its body is, and
-// returns with s.fileMu held for reading (the caller releases it), so that
-// the file stays where it was found: pb is the body while its file is not
-// written yet, else the file is at at.path. A file that pending operations
-// are to move (a lease or an ack not synced yet, commitLazyLocked, or
-// operations held back by a full disk) is read where it is now
-// (pendingFrom): the reader neither forces a sync nor waits for space.
-func (s *Store) bodyEntry(id uint64) (bodyAt, *pendingBody, error) {
-	s.fileMu.RLock()
-	s.mu.RLock()
-	at, pb, err := s.findBodyLocked(id)
-	s.mu.RUnlock()
-	if err != nil {
-		s.fileMu.RUnlock()
-		return bodyAt{}, nil, fmt.Errorf("body of message %d: %w", id, err)
-	}
-	return at, pb, nil
-}
-
-// findBodyLocked is bodyEntry's look-up; s.fileMu and s.mu are held.
-func (s *Store) findBodyLocked(id uint64) (bodyAt, *pendingBody, error) {
-	e, err := s.ix.get(id)
-	if err == nil && e == nil {
-		err = queuecore.ErrNotFound
-	}
-	if err != nil {
-		return bodyAt{}, nil, err
-	}
-	if pb := s.unwritten[id]; pb != nil {
-		return bodyAt{}, pb, nil
-	}
-	if s.busy[id] == 0 {
-		return bodyAt{path: s.entryPath(e), size: e.size}, nil, nil
-	}
-	from, ok := s.pendingFrom(id)
-	if s.failErr != nil && !(ok && from == s.stagedPath(id)) {
-		// After a failure the file operations stop where they were; a
-		// staged body not placed yet is still where it was staged.
-		return bodyAt{}, nil, fmt.Errorf("the store failed: %w", s.failErr)
-	}
-	if !ok {
-		// Not written yet is s.unwritten, removed is gone from the index.
-		return bodyAt{}, nil, fmt.Errorf("its pending file operations do not start with a rename: %w", errBadOp)
-	}
-	return bodyAt{path: from, size: e.size}, nil, nil
-}
-
-// pendingFrom is where the body file of message id is while file
-// operations on it wait: the first of them moves it from there. The caller
-// holds s.fileMu (for reading at least) and s.mu, so the tree has none of
-// the pending operations done: they run in journal order under fileMu
-// held for writing, and runFileOps puts back those a full disk held back
-// before it lets go of fileMu. ok is false when the first is not a rename
-// (a body not written yet is in s.unwritten; a removed message is gone
-// from the index).
-func (s *Store) pendingFrom(id uint64) (from string, ok bool) {
-	for _, r := range s.pending {
-		for _, op := range r.ops {
-			if op.id == id && isMessageOp(op.kind) {
-				return op.from, op.kind == opRename || op.kind == opPlace
-			}
-		}
-	}
-	return "", false
+	return s.ix.MaxID, nil
 }
 
 // bodyPath is where the body of a message in queue q, state st, named name
@@ -548,4 +296,4 @@ func (s *Store) bodyPath(q string, st queuecore.State, name string) string {
 	return s.qdir + "/" + q + "/" + st.Dir() + "/" + name
 }
 
-func (s *Store) entryPath(e *entry) string { return s.bodyPath(e.q.name, e.state, e.name()) }
+func (s *Store) entryPath(e *entry) string { return s.bodyPath(e.Q.Name, e.State, e.Name()) }

@@ -1,4 +1,4 @@
-package fs
+package memindex
 
 import (
 	"encoding/binary"
@@ -15,8 +15,9 @@ import (
 //	string   MessageID           (uvarint length, bytes)
 //	byte     mask of the times that are not zero: bit 0 PublishedAt, 1 FirstAt,
 //	         2 StateAt, 3 Deadline, 4 FailedAt
-//	varint   each time present, in Unix nanoseconds; all but PublishedAt as the
-//	         difference from PublishedAt (or from 0 without it), which is small
+//	varint   each time present, in Unix nanoseconds (backends.Nanos); all but
+//	         PublishedAt as the difference from PublishedAt (or from 0
+//	         without it), which is small
 //	varint   Attempts, Redrives
 //	string   Reason, ReasonMessage, Consumer, DedupKey
 //	uvarint  UID, GID
@@ -24,10 +25,11 @@ import (
 // Strings are substrings of data when unpacked, so a decoded Message costs
 // no allocation beyond its own.
 
-var errCorruptEntry = errors.New("corrupt packed message")
+// ErrCorruptEntry is packed data that does not decode.
+var ErrCorruptEntry = errors.New("corrupt packed message")
 
-// newEntry packs m, which must have passed checkPlace.
-func newEntry(m *queuecore.Message, q *queue) *entry {
+// NewEntry packs m, which must have passed CheckPlace, as an entry of q.
+func NewEntry[X any](m *queuecore.Message, q *Queue[X]) *Entry[X] {
 	var buf [256]byte
 	b := append(buf[:0], m.Name...)
 	b = binary.AppendVarint(b, int64(m.Priority))
@@ -59,15 +61,15 @@ func newEntry(m *queuecore.Message, q *queue) *entry {
 	b = appendPackedString(b, m.DedupKey)
 	b = binary.AppendUvarint(b, uint64(m.UID))
 	b = binary.AppendUvarint(b, uint64(m.GID))
-	return &entry{
-		id:    m.ID,
-		seq:   m.Seq,
-		key:   m.SortKey(),
-		size:  m.Size,
-		q:     q,
-		data:  string(b),
-		nlen:  uint8(len(m.Name)),
-		state: m.State,
+	return &Entry[X]{
+		ID:    m.ID,
+		Seq:   m.Seq,
+		Key:   m.SortKey(),
+		Size:  m.Size,
+		Q:     q,
+		Data:  string(b),
+		NLen:  uint8(len(m.Name)),
+		State: m.State,
 	}
 }
 
@@ -76,56 +78,69 @@ func appendPackedString(b []byte, s string) []byte {
 	return append(b, s...)
 }
 
-// message unpacks e.
-func (e *entry) message() queuecore.Message {
+// Message unpacks e.
+func (e *Entry[X]) Message() queuecore.Message {
 	m := queuecore.Message{
-		ID:    e.id,
-		Queue: e.q.name,
-		Name:  e.name(),
-		State: e.state,
-		Seq:   e.seq,
-		Size:  e.size,
+		ID:    e.ID,
+		Queue: e.Q.Name,
+		Name:  e.Name(),
+		State: e.State,
+		Seq:   e.Seq,
+		Size:  e.Size,
 	}
-	r := packedReader{s: e.data[e.nlen:]}
-	m.Priority = int(r.varint())
-	m.MessageID = r.str()
-	mask := r.byte()
+	r := Reader{s: e.Data[e.NLen:]}
+	m.Priority = int(r.Varint())
+	m.MessageID = r.Str()
+	mask := r.Byte()
 	var base int64
 	for i, p := range [...]*time.Time{&m.PublishedAt, &m.FirstAt, &m.StateAt, &m.Deadline, &m.FailedAt} {
 		if mask&(1<<i) == 0 {
 			continue
 		}
-		n := r.varint() + base
+		n := r.Varint() + base
 		if i == 0 {
 			base = n
 		}
 		*p = backends.FromNanos(n)
 	}
-	m.Attempts = int(r.varint())
-	m.Redrives = int(r.varint())
-	m.Reason = r.str()
-	m.ReasonMessage = r.str()
-	m.Consumer = r.str()
-	m.DedupKey = r.str()
-	m.UID = uint32(r.uvarint())
-	m.GID = uint32(r.uvarint())
+	m.Attempts = int(r.Varint())
+	m.Redrives = int(r.Varint())
+	m.Reason = r.Str()
+	m.ReasonMessage = r.Str()
+	m.Consumer = r.Str()
+	m.DedupKey = r.Str()
+	m.UID = uint32(r.Uvarint())
+	m.GID = uint32(r.Uvarint())
 	if r.err != nil {
-		// Only a bug can get here: data is built by newEntry in this process.
-		panic(errCorruptEntry)
+		// Only a bug can get here: Data is built by NewEntry in this
+		// process (or read back from format 1's spill, which checks it).
+		panic(ErrCorruptEntry)
 	}
 	return m
 }
 
-// deadline is the Deadline of a leased or delayed entry without unpacking
-// the rest.
-func (e *entry) deadline() time.Time { return e.message().Deadline }
+// Deadline is e's Message().Deadline: of a leased or delayed message, when
+// it is due.
+func (e *Entry[X]) Deadline() time.Time { return e.Message().Deadline }
 
-type packedReader struct {
+// Reader reads packed data: varints, bytes and strings after their
+// length. The first error sticks (Err); what follows it reads as zero.
+type Reader struct {
 	s   string
 	err error
 }
 
-func (r *packedReader) uvarint() uint64 {
+// NewReader reads s.
+func NewReader(s string) Reader { return Reader{s: s} }
+
+// Err is ErrCorruptEntry once a read ran past the data, else nil.
+func (r *Reader) Err() error { return r.err }
+
+// Rest is what is left to read.
+func (r *Reader) Rest() string { return r.s }
+
+// Uvarint reads an unsigned varint.
+func (r *Reader) Uvarint() uint64 {
 	var x uint64
 	var shift uint
 	for i := 0; i < len(r.s); i++ {
@@ -140,13 +155,14 @@ func (r *packedReader) uvarint() uint64 {
 		x |= uint64(c&0x7f) << shift
 		shift += 7
 	}
-	r.err = errCorruptEntry
+	r.err = ErrCorruptEntry
 	r.s = ""
 	return 0
 }
 
-func (r *packedReader) varint() int64 {
-	ux := r.uvarint()
+// Varint reads a signed (zig-zag) varint.
+func (r *Reader) Varint() int64 {
+	ux := r.Uvarint()
 	x := int64(ux >> 1)
 	if ux&1 != 0 {
 		x = ^x
@@ -154,9 +170,10 @@ func (r *packedReader) varint() int64 {
 	return x
 }
 
-func (r *packedReader) byte() byte {
+// Byte reads one byte.
+func (r *Reader) Byte() byte {
 	if r.s == "" {
-		r.err = errCorruptEntry
+		r.err = ErrCorruptEntry
 		return 0
 	}
 	c := r.s[0]
@@ -164,10 +181,11 @@ func (r *packedReader) byte() byte {
 	return c
 }
 
-func (r *packedReader) str() string {
-	n := r.uvarint()
+// Str reads a string after its uvarint length.
+func (r *Reader) Str() string {
+	n := r.Uvarint()
 	if n > uint64(len(r.s)) {
-		r.err = errCorruptEntry
+		r.err = ErrCorruptEntry
 		r.s = ""
 		return ""
 	}

@@ -1,8 +1,48 @@
-package fs
+// Package spare keeps empty files made ahead, which the fs store writes a
+// new message's body into and renames into place instead of creating a
+// file of its own. Both the fs store (backends/fs) and the format-1
+// reader it converts old stores with (backends/fs/internal/format1) use
+// it: the same pool, made and emptied the same way, so that DIR/spare
+// means one thing whichever of them opened the store last. This carries
+// no guarantee: it earns its place by speed (the A/B of
+// docs/performance-history.md, "Spare files made ahead").
+//
+// Every message's body is a new file, so every publish allocates an inode
+// and every ack frees one. On ext4 without a journal (common on devices,
+// and on the machines the benchmarks ran on) the kernel does not reuse an
+// inode freed in the last minute, or the last five while its inode table
+// block is not written back yet, and it looks at every such free inode,
+// one by one, before it takes a fresh one (ext4's find_inode_bit and
+// recently_deleted). After a few thousand messages a second that scan
+// costs a create much of a publish's CPU, which a publish at close(2)
+// waited for (docs/performance-history.md has the figures). A goroutine
+// now pays it ahead, on another CPU or while the daemon waits for work,
+// and keeps Count open files ready; a publish takes one, or creates its
+// file as before when none is left (a burst). The CPU is the same; the
+// publish does not wait for it.
+//
+// The CPU of that scan grows with the number of inodes freed lately in
+// the block group a create looks in, which for a file is its directory's.
+// So the spares are spread over dirs directories, DIR/spare/K, in
+// turn (makeSubs), and DIR/spare is marked for the kernel to place
+// its subdirectories in block groups apart (ext4's FS_TOPDIR_FL, chattr
+// +T; best effort, other file systems ignore or refuse it). A body keeps
+// its inode when it is renamed into a queue, so the inodes its ack frees
+// are spread the same way, and each create scans about an eighth of them.
+//
+// A spare is never a file a reader has seen: it is created empty by this
+// process and only ever renamed away from DIR/spare/K. DIR/spare/K is
+// never synced, so a power cut after the rename of a spare into a queue
+// can leave its old name as a second link to the body: what is left there
+// at Start is removed, name by name, without opening anything (a body
+// whose queue's directory was not synced yet belongs to a publish that
+// had not returned).
+package spare
 
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -16,73 +56,43 @@ import (
 	"yirangmq/queuecore"
 )
 
-// Spare files: empty files created ahead of need in DIR/spare, which a
-// publish fills and renames into place instead of creating a file of its
-// own. This carries no guarantee: it earns its place by speed (the A/B
-// of docs/performance-history.md, "Spare files made ahead").
-//
-// Every message's body is a new file, so every publish allocates an inode
-// and every ack frees one. On ext4 without a journal (common on devices,
-// and on the machines the benchmarks ran on) the kernel does not reuse an
-// inode freed in the last minute, or the last five while its inode table
-// block is not written back yet, and it looks at every such free inode,
-// one by one, before it takes a fresh one (ext4's find_inode_bit and
-// recently_deleted). After a few thousand messages a second that scan
-// costs a create much of a publish's CPU, which a publish at close(2)
-// waited for (docs/performance-history.md has the figures). A goroutine now pays
-// it ahead, on another CPU or while the daemon
-// waits for work, and keeps spareCount open files ready; a publish takes
-// one, or creates its file as before when none is left (a burst). The CPU
-// is the same; the publish does not wait for it.
-//
-// The CPU of that scan grows with the number of inodes freed lately in
-// the block group a create looks in, which for a file is its directory's.
-// So the spares are spread over spareDirs directories, DIR/spare/K, in
-// turn (makeSubs), and DIR/spare is marked for the kernel to place
-// its subdirectories in block groups apart (ext4's FS_TOPDIR_FL, chattr
-// +T; best effort, other file systems ignore or refuse it). A body keeps
-// its inode when it is renamed into a queue, so the inodes its ack frees
-// are spread the same way, and each create scans about an eighth of them.
-//
-// A spare is never a file a reader has seen: it is created empty by this
-// process and only ever renamed away from DIR/spare/K. DIR/spare/K is
-// never synced, so a power cut after the rename of a spare into a queue
-// can leave its old name as a second link to the body: what is left there
-// at Open is removed, name by name, without opening anything (a body
-// whose queue's directory was not synced yet belongs to a publish that
-// had not returned).
+// DirName is the spares' directory inside a store's directory.
+const DirName = "spare"
+
+// Count is the pool's size when the store's settings do not name one.
+const Count = 16
+
 const (
-	spareDir   = "spare"
-	spareCount = 16
-	spareDirs  = 8
+	dirs = 8 // subdirectories DIR/spare/K, used in turn
 	// fsTopdirFL is FS_TOPDIR_FL of linux/fs.h (not in x/sys/unix).
 	fsTopdirFL = 0x00020000
 )
 
-// spareFile is a created empty file, open for writing.
-type spareFile struct {
-	path string
-	dir  string // DIR/spare/K that holds it
-	fd   int
+// File is a created empty file, open for writing.
+type File struct {
+	Path string
+	Dir  string // DIR/spare/K that holds it
+	FD   int
 }
 
-// spares is the pool and the goroutine that fills it.
-type spares struct {
+// Pool is the pool and the goroutine that fills it. A nil *Pool is an
+// empty pool: Take finds nothing, Close does nothing.
+type Pool struct {
 	dir  string
-	subs [spareDirs]string // DIR/spare/K, used in turn
+	subs [dirs]string // DIR/spare/K, used in turn
 	log  *slog.Logger
-	ch   chan spareFile // the pool; the goroutine blocks sending when it is full
-	kick chan struct{}  // wakes a goroutine that stopped after an error
+	ch   chan File     // the pool; the goroutine blocks sending when it is full
+	kick chan struct{} // wakes a goroutine that stopped after an error
 	stop chan struct{}
 	done chan struct{}
 	seq  uint64
 	off  atomic.Bool // failed: take hands out nothing
 }
 
-// startSpares empties DIR/spare (what a crash left) and starts filling it.
-// n is the pool's size; with n <= 0 there is no pool (take finds none).
-func startSpares(storeDir string, n int, log *slog.Logger) (*spares, error) {
-	dir := filepath.Join(storeDir, spareDir)
+// Start empties DIR/spare (what a crash left) and starts filling it.
+// n is the pool's size; with n <= 0 there is no pool (a nil *Pool).
+func Start(storeDir string, n int, log *slog.Logger) (*Pool, error) {
+	dir := filepath.Join(storeDir, DirName)
 	if fi, err := os.Lstat(dir); err == nil && !fi.IsDir() {
 		return nil, fmt.Errorf("%s is not a directory (%s); the store leaves it alone", dir, fi.Mode().Type())
 	}
@@ -99,10 +109,10 @@ func startSpares(storeDir string, n int, log *slog.Logger) (*spares, error) {
 		return nil, fmt.Errorf("create the spare files' directory: %w", err)
 	}
 	markTopDir(dir) // before its subdirectories are made
-	p := &spares{
+	p := &Pool{
 		dir:  dir,
 		log:  log,
-		ch:   make(chan spareFile, n-1), // plus the one the goroutine holds
+		ch:   make(chan File, n-1), // plus the one the goroutine holds
 		kick: make(chan struct{}, 1),
 		stop: make(chan struct{}),
 		done: make(chan struct{}),
@@ -116,15 +126,15 @@ func startSpares(storeDir string, n int, log *slog.Logger) (*spares, error) {
 
 // makeSubs keeps the subdirectories of DIR/spare that the last run used
 // (subs, their names, as clearSpares found them) and makes new ones up to
-// spareDirs. A new one is named by a random
+// dirs. A new one is named by a random
 // number: ext4 places a subdirectory of a +T directory by a hash of its
 // name, so fixed names would put the spares of every store on the file
 // system (and of a store made again) in the same block groups, where the
 // others' deletes slow each create down again.
-func (p *spares) makeSubs(subs []string) error {
+func (p *Pool) makeSubs(subs []string) error {
 	n, made := 0, false
 	for _, name := range subs {
-		if n == spareDirs {
+		if n == dirs {
 			_ = unix.Rmdir(p.dir + "/" + name) // one too many, emptied by clearSpares
 			continue
 		}
@@ -138,7 +148,7 @@ func (p *spares) makeSubs(subs []string) error {
 			_ = backends.SyncDir(p.dir)
 		}
 	}()
-	for n < spareDirs {
+	for n < dirs {
 		sub := p.dir + "/" + strconv.FormatUint(uint64(rand.Uint32()), 10)
 		err := os.Mkdir(sub, 0o700)
 		if errors.Is(err, os.ErrExist) {
@@ -162,7 +172,7 @@ func (p *spares) makeSubs(subs []string) error {
 // by hand and left alone with what it holds. It returns the names of the
 // numbered subdirectories, for makeSubs.
 func clearSpares(dir string) (subs []string, err error) {
-	names, err := readNames(dir)
+	names, err := dirNames(dir)
 	if err != nil {
 		return nil, fmt.Errorf("read the spare files' directory: %w", err)
 	}
@@ -184,7 +194,7 @@ func clearSpares(dir string) (subs []string, err error) {
 		if _, err := strconv.ParseUint(name, 10, 32); err != nil {
 			continue // made by hand: left alone
 		}
-		inner, err := readNames(p)
+		inner, err := dirNames(p)
 		if err != nil {
 			return nil, fmt.Errorf("read the spare files' directory: %w", err)
 		}
@@ -196,6 +206,19 @@ func clearSpares(dir string) (subs []string, err error) {
 		subs = append(subs, name)
 	}
 	return subs, nil
+}
+
+// dirNames lists a directory, sorted; a missing one is empty.
+func dirNames(dir string) ([]string, error) {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	names := make([]string, len(ents))
+	for i, e := range ents {
+		names[i] = e.Name()
+	}
+	return names, err
 }
 
 // markTopDir asks the file system to place dir's new subdirectories in
@@ -215,12 +238,12 @@ func markTopDir(dir string) {
 	_ = unix.IoctlSetPointerInt(fd, unix.FS_IOC_SETFLAGS, int(flags|fsTopdirFL))
 }
 
-// failed turns the pool off for the rest of the run after a spare could
+// Failed turns the pool off for the rest of the run after a spare could
 // not become a body for a reason other than space (a rename between
 // spare/ and a queue's directory refused, EXDEV, by a per-directory quota
 // or encryption; a spare removed by hand): publishes create their own
 // files from then on. Said once.
-func (p *spares) failed(err error) {
+func (p *Pool) Failed(err error) {
 	if p.off.Swap(true) {
 		return
 	}
@@ -228,7 +251,7 @@ func (p *spares) failed(err error) {
 }
 
 // run creates spares until the pool is full, then waits for room.
-func (p *spares) run() {
+func (p *Pool) run() {
 	defer close(p.done)
 	failed := false
 	for {
@@ -252,17 +275,17 @@ func (p *spares) run() {
 		select {
 		case p.ch <- f:
 		case <-p.stop:
-			p.discard(f)
+			p.Discard(f)
 			return
 		}
 	}
 }
 
-func (p *spares) create() (spareFile, error) {
+func (p *Pool) create() (File, error) {
 	remade := false
 	for {
 		p.seq++
-		sub := p.subs[p.seq%spareDirs]
+		sub := p.subs[p.seq%dirs]
 		path := sub + "/" + strconv.FormatUint(p.seq, 10)
 		fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
 		if err == unix.EEXIST {
@@ -278,17 +301,17 @@ func (p *spares) create() (spareFile, error) {
 			}
 		}
 		if err != nil {
-			return spareFile{}, &os.PathError{Op: "create", Path: path, Err: err}
+			return File{}, &os.PathError{Op: "create", Path: path, Err: err}
 		}
-		return spareFile{path: path, dir: sub, fd: fd}, nil
+		return File{Path: path, Dir: sub, FD: fd}, nil
 	}
 }
 
-// take hands out a spare, if one is ready. The caller writes it, closes
+// Take hands out a spare, if one is ready. The caller writes it, closes
 // it and renames it into place, or discards it.
-func (p *spares) take() (spareFile, bool) {
+func (p *Pool) Take() (File, bool) {
 	if p == nil || p.off.Load() {
-		return spareFile{}, false
+		return File{}, false
 	}
 	select {
 	case f := <-p.ch:
@@ -298,22 +321,22 @@ func (p *spares) take() (spareFile, bool) {
 		case p.kick <- struct{}{}:
 		default:
 		}
-		return spareFile{}, false
+		return File{}, false
 	}
 }
 
-// discard removes a spare that will not be used.
-func (p *spares) discard(f spareFile) {
-	unix.Close(f.fd)
-	unix.Unlink(f.path)
+// Discard removes a spare that will not be used.
+func (p *Pool) Discard(f File) {
+	unix.Close(f.FD)
+	unix.Unlink(f.Path)
 }
 
-// close stops the goroutine and removes the spares left.
-func (p *spares) close() { p.halt(true) }
+// Close stops the goroutine and removes the spares left.
+func (p *Pool) Close() { p.halt(true) }
 
 // halt stops the goroutine and closes the spares left; remove removes
 // them too (a test's kill -9 leaves them).
-func (p *spares) halt(remove bool) {
+func (p *Pool) halt(remove bool) {
 	if p == nil {
 		return
 	}
@@ -322,9 +345,9 @@ func (p *spares) halt(remove bool) {
 	for {
 		select {
 		case f := <-p.ch:
-			unix.Close(f.fd)
+			unix.Close(f.FD)
 			if remove {
-				unix.Unlink(f.path)
+				unix.Unlink(f.Path)
 			}
 		default:
 			return
