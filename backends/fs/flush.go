@@ -273,23 +273,13 @@ func (s *Store) finishTxns(txns map[uint64]uint64) map[uint64]uint64 {
 	return retry
 }
 
-// syncfsAt is the number of files and directories from which a flush
-// makes them durable with one syncfs(2) of the store's file system rather
-// than an fsync each.
-const syncfsAt = 16
-
 // flushSyncs does the fsyncs of take: DIR/intents first when batch
 // directories were removed, then files, then directories (an intent is
-// durable before its batch changes anything: writeIntent). Past syncfsAt
-// of them, one syncfs(2) does it all, but on a FUSE file system, which
-// syncfs does not reach.
+// durable before its batch changes anything: writeIntent). Never one
+// syncfs(2) for many: it writes back every dirty page of the whole file
+// system, other programs' too, so a commit's time would have no bound
+// (measured: docs/performance-history.md, "The fs store without syncfs").
 func (s *Store) flushSyncs(take dirt) error {
-	if !s.onFUSE && len(take.files)+len(take.dirs) >= syncfsAt {
-		if err := syncfs(s.dir); err != nil {
-			return fmt.Errorf("syncfs %s: %w", s.dir, err)
-		}
-		return nil
-	}
 	if take.intentsDir {
 		if err := s.fsyncPath(filepath.Join(s.dir, intentsDir)); err != nil {
 			return err

@@ -46,9 +46,6 @@ const (
 // errBadOp is the index's: one sentinel for a bad op, wherever found.
 var errBadOp = memindex.ErrBadOp
 
-// fuseSuperMagic is statfs(2)'s f_type of a FUSE file system.
-const fuseSuperMagic = 0x65735546
-
 // DefaultMaxMessages is Tuning.MaxMessages's default: the messages the
 // store holds at most, in every queue and state together. The index keeps
 // about 240 bytes of memory a message (BenchmarkMessageMemory), so this
@@ -106,11 +103,8 @@ type Store struct {
 	hand     []queuecore.HandChange
 	batchGen atomic.Uint64 // numbers batch directories and trashed queues
 	tempGen  atomic.Uint64 // numbers temp files
-	// onFUSE: the store's file system is a FUSE one, which syncfs(2)
-	// does not reach: a flush fsyncs each file and directory.
-	onFUSE bool
-	spares *spare.Pool // empty files made ahead for new bodies; nil: none
-	full   limitLog
+	spares   *spare.Pool   // empty files made ahead for new bodies; nil: none
+	full     limitLog
 
 	inflight sync.WaitGroup // commits that have not returned
 	trashWG  sync.WaitGroup // removal of deleted queues' trees
@@ -172,10 +166,6 @@ func open(ctx context.Context, dir string, opts backends.Options, cfg config) (*
 		rewrite: map[uint64]bool{},
 	}
 	s.fl.init()
-	var sfs unix.Statfs_t
-	if err := unix.Statfs(dir, &sfs); err == nil && sfs.Type == fuseSuperMagic {
-		s.onFUSE = true
-	}
 	if err := s.load(ctx); err != nil {
 		lock.Unlock()
 		return nil, fmt.Errorf("open fs store %s: %w", dir, err)
