@@ -238,11 +238,15 @@ func leaserUID(m queuecore.Message) (uint32, bool) {
 var _ = (fs.NodeGetattrer)((*msgNode)(nil))
 
 func (n *msgNode) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	if n.refused() {
+		// A file whose commit published nothing is gone, asked by name or
+		// through a handle: go-fuse hands a GETATTR that names no handle
+		// one of the node's open handles, and the writer's RELEASE, which
+		// is asynchronous, may not have closed it yet.
+		return syscall.ESTALE
+	}
 	if fh == nil {
 		// By name: the name the kernel kept may no longer be this file's.
-		if n.refused() {
-			return syscall.ESTALE
-		}
 		if !n.isPending() {
 			n.mayCache()
 			m, errno := n.messageInDir(ctx)
