@@ -77,6 +77,9 @@ type leaser interface {
 	// reportDuty is what DaemonStats says of the duty: nil when there is
 	// no other daemon to share it with.
 	reportDuty() *bool
+	// backstop runs once per pass of the scheduler on every daemon, with
+	// the duty or without: what must happen even when hints are lost.
+	backstop(ctx context.Context, now time.Time)
 	// beforeRetention runs once per pass of the scheduler, before
 	// retention, and returns the archive counts that retention by count
 	// goes by: nil for the core's gauges.
@@ -98,9 +101,10 @@ type localLeaser struct{ c *Core }
 func (a localLeaser) pick(ctx context.Context, q *queue, consumer string, nonblock bool) (picked, error) {
 	return a.c.pickLocal(ctx, q, consumer, nonblock)
 }
-func (localLeaser) poll() time.Duration { return 0 }
-func (localLeaser) duty() bool          { return true }
-func (localLeaser) reportDuty() *bool   { return nil }
+func (localLeaser) poll() time.Duration                 { return 0 }
+func (localLeaser) duty() bool                          { return true }
+func (localLeaser) reportDuty() *bool                   { return nil }
+func (localLeaser) backstop(context.Context, time.Time) {}
 func (localLeaser) beforeRetention(context.Context, time.Time) (map[string]map[State]Count, error) {
 	return nil, nil
 }

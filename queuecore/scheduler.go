@@ -133,6 +133,7 @@ func (s *scheduler) work() (next, untimed time.Time) {
 	c := s.c
 	ctx := context.Background()
 	now := c.now()
+	c.leaser.backstop(ctx, now)
 	if !c.leaser.duty() {
 		t := c.leaser.lookAgain(now) // another daemon does it; look again for a takeover
 		return t, t

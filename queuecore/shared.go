@@ -391,23 +391,26 @@ func (l *sharedLeaser) reportDuty() *bool {
 	return &duty
 }
 
+// backstop reloads the queues every sharedReload, for lost hints about
+// queues. Every daemon does, not only the duty holder: a daemon whose
+// listener is down would otherwise learn of queues other daemons made,
+// changed or deleted only when its listener came back.
+func (l *sharedLeaser) backstop(ctx context.Context, now time.Time) {
+	if now.Sub(l.reloadedAt) < sharedReload {
+		return
+	}
+	if err := l.c.reloadQueues(ctx); err != nil {
+		l.c.log.Warn("scheduler: reload queues from the shared store", LogErr, err)
+		return
+	}
+	l.reloadedAt = now
+}
+
 // beforeRetention reads the store's counts for retention by count (other
 // daemons archive too; the gauges are left to Stats, which refreshes them
-// in step with the caller), and reloads the queues every sharedReload, a
-// backstop for lost hints about queues.
+// in step with the caller).
 func (l *sharedLeaser) beforeRetention(ctx context.Context, now time.Time) (map[string]map[State]Count, error) {
-	counts, err := l.retentionCounts(ctx, now)
-	if err != nil {
-		return nil, err
-	}
-	if now.Sub(l.reloadedAt) >= sharedReload {
-		if err := l.c.reloadQueues(ctx); err != nil {
-			l.c.log.Warn("scheduler: reload queues from the shared store", LogErr, err)
-		} else {
-			l.reloadedAt = now
-		}
-	}
-	return counts, nil
+	return l.retentionCounts(ctx, now)
 }
 
 // With a shared store, the duty holder's retention by count reads the
