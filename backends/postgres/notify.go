@@ -215,12 +215,12 @@ func (s *Store) receive(ctx context.Context, c *pgx.Conn) error {
 
 // reconnectListener connects again, with exponential backoff, until it
 // succeeds (nil once ctx is done). Meanwhile it delivers a resync every
-// resyncWhileDeaf while the database answers the pool: the core polls for
-// ready messages by itself, but it learns of queues made, changed or
-// deleted by other daemons only from hints and resyncs (the duty holder
-// alone reloads them on a timer), so a daemon whose listener cannot
-// reconnect (its session_url unreachable while the pool works) would
-// otherwise never see them.
+// resyncWhileDeaf while the database answers the pool, for a daemon whose
+// listener cannot reconnect (its session_url unreachable while the pool
+// works): what other daemons committed was not heard. The core also polls
+// for ready messages and reloads its queues on timers of its own; the
+// resync makes it read everything again at once (queues, gauges, waiting
+// readers).
 func (s *Store) reconnectListener(ctx context.Context) *pgx.Conn {
 	delay := 100 * time.Millisecond
 	lastWarn := time.Now() // listenLoop has just warned
