@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -125,9 +126,10 @@ type FS struct {
 	queueNo map[string]uint32       // queue name → number, for inode numbers
 	pending map[pendingKey]*msgNode // files in inbox/ not yet committed, and drafts
 
-	placements placements // where the kernel last saw each message
-	successors successors // new messages that renames made of old inodes
-	leasers    leasers    // who leases: /proc read once per thread (proc.go)
+	placements placements  // where the kernel last saw each message
+	successors successors  // new messages that renames made of old inodes
+	leasers    leasers     // who leases: /proc read once per thread (proc.go)
+	onRing     atomic.Bool // requests come through io_uring (nextNode.next)
 
 	memState // the bound on message inodes and the memory budget (memory.go)
 
@@ -237,6 +239,7 @@ func (f *FS) Mount(core *queuecore.Core, mountpoint string) (*Server, error) {
 		return nil, err
 	}
 	tr := server.TransportInfo()
+	f.onRing.Store(tr.Transport == fuse.TransportIoUring)
 	f.log.Info("transport", "transport", tr.Transport.String(), "reason", tr.Reason, "queues", tr.Queues)
 	return server, nil
 }

@@ -106,3 +106,40 @@ func (f *FS) consumer(ctx context.Context) string {
 	f.leasers.mu.Unlock()
 	return e.desc
 }
+
+// signalPending reports whether thread tid has a signal pending that it
+// does not block: one it has been sent and will take once it returns from
+// the kernel. A signal whose action is to be ignored is dropped when sent,
+// so a pending one did end an interruptible wait of that thread.
+func signalPending(tid uint32) bool {
+	if tid == 0 {
+		return false
+	}
+	b, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(tid), 10) + "/status")
+	return err == nil && pendingUnblocked(string(b))
+}
+
+// pendingUnblocked reads /proc/TID/status: whether a signal pending for
+// the thread (SigPnd) or its process (ShdPnd) is not in its mask (SigBlk).
+func pendingUnblocked(status string) bool {
+	var pending, blocked uint64
+	for _, line := range strings.Split(status, "\n") {
+		key, val, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		switch key {
+		case "SigPnd", "ShdPnd", "SigBlk":
+			v, err := strconv.ParseUint(strings.TrimSpace(val), 16, 64)
+			if err != nil {
+				return false
+			}
+			if key == "SigBlk" {
+				blocked = v
+			} else {
+				pending |= v
+			}
+		}
+	}
+	return pending&^blocked != 0
+}

@@ -3,6 +3,7 @@ package fusefs
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"sync"
 	"syscall"
 	"time"
@@ -398,6 +399,31 @@ func (n *nextNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 	return &nextHandle{nonblock: flags&syscall.O_NONBLOCK != 0}, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NONSEEKABLE | noFlush, 0
 }
 
+// next leases for a read of .next. On FUSE over io_uring, a read that
+// would wait first looks for a signal its caller already got: the kernel
+// sends an INTERRUPT only for a request it has handed to the daemon, and
+// on io_uring, unlike on /dev/fuse, it does not send one afterwards for a
+// signal that came while the request was still queued for a ring entry.
+// The caller then waits for our answer, deaf to further signals, and a
+// blocked read would ignore its Ctrl-C until a message came. Such a
+// signal is still pending on the caller's thread when the request
+// reaches us (signalPending); a signal that comes later reaches us as an
+// INTERRUPT, as on /dev/fuse.
+func (n *nextNode) next(ctx context.Context, nonblock bool) (queuecore.Message, error) {
+	consumer := n.fsys.consumer(ctx)
+	if nonblock || !n.fsys.onRing.Load() {
+		return n.fsys.core.Next(ctx, n.queue, consumer, nonblock)
+	}
+	m, err := n.fsys.core.Next(ctx, n.queue, consumer, true)
+	if !errors.Is(err, queuecore.ErrEmpty) {
+		return m, err
+	}
+	if _, _, tid := caller(ctx); signalPending(tid) {
+		return queuecore.Message{}, context.Canceled // EINTR, as for an INTERRUPT
+	}
+	return n.fsys.core.Next(ctx, n.queue, consumer, false)
+}
+
 var _ = (fs.NodeReader)((*nextNode)(nil))
 
 func (n *nextNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
@@ -412,7 +438,7 @@ func (n *nextNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off 
 		if why := n.fsys.readers.enter(&n.fsys.opts, uid, n.queue); why != "" {
 			return nil, n.fsys.refuse(refusal{msg: ".next refused: too many blocked readers " + why, queue: n.queue, name: ".next", uid: uid, errno: syscall.EBUSY})
 		}
-		m, err := n.fsys.core.Next(ctx, n.queue, n.fsys.consumer(ctx), h.nonblock)
+		m, err := n.next(ctx, h.nonblock)
 		n.fsys.readers.leave(uid, n.queue)
 		if err != nil {
 			return nil, errnoOf(err)
