@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -64,16 +65,27 @@ func unescapeMount(s string) string {
 	return strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(s)
 }
 
+// abortMu serializes AbortConnection: one call must not unmount the
+// fusectl it mounted while another writes through it.
+var abortMu sync.Mutex
+
 // AbortConnection aborts FUSE connection conn: every request waiting on it
 // fails with ENOTCONN, and a daemon stuck in the kernel can finish dying.
-// The fusectl file system is mounted first when it is not.
+// The fusectl file system is mounted first when it is not, and unmounted
+// again after: the machine is left as it was found.
 func AbortConnection(conn string) error {
 	if conn == "" {
 		return errors.New("not a FUSE connection")
 	}
+	abortMu.Lock()
+	defer abortMu.Unlock()
 	if _, err := os.Stat(filepath.Join(fusectl, conn)); errors.Is(err, os.ErrNotExist) {
-		if err := unix.Mount("fusectl", fusectl, "fusectl", 0, ""); err != nil && !errors.Is(err, unix.EBUSY) {
+		err := unix.Mount("fusectl", fusectl, "fusectl", 0, "")
+		if err != nil && !errors.Is(err, unix.EBUSY) {
 			return fmt.Errorf("mount fusectl on %s: %w", fusectl, err)
+		}
+		if err == nil {
+			defer unix.Unmount(fusectl, 0)
 		}
 	}
 	err := os.WriteFile(filepath.Join(fusectl, conn, "abort"), []byte("1"), 0o200)
